@@ -1,0 +1,1 @@
+"""Mini-batch buffers, aggregations, decorators and runners (built on :mod:`checkpoint` and :mod:`state`)."""

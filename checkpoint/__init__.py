@@ -1,0 +1,1 @@
+"""Versioned, key-group-sharded checkpoints of opbuffer state (built on :mod:`state`)."""

@@ -1,0 +1,336 @@
+"""Keys: normalization, canonical bytes and Spark-compatible key groups.
+
+A key is a tuple of scalars (``int``, ``float``, ``str``, ``bytes``, ``bool``,
+``datetime.date``, ``datetime.datetime``); a bare scalar means a 1-tuple.
+numpy/pandas scalars are converted to Python scalars first, so ``np.int64(5)``,
+``5`` and ``(5,)`` are one key everywhere.
+
+*Normalized* keys (what caches and in-memory stores use as dict keys) are
+tuples in which ``int``, ``str`` and ``bytes`` stand for themselves and every
+other type is tagged as ``(tag, value)``. The tag keeps apart keys Python
+would merge (``1 == 1.0 == True``) but Spark and the canonical bytes keep
+distinct; since a key never holds a tuple, a tagged element cannot collide
+with a user's value.
+
+*Canonical bytes* are equal exactly when normalized keys are equal, in every
+process and Python version (no use of the salted ``hash()``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import struct
+from collections.abc import Sequence
+from typing import Any, Hashable, Iterable, Union
+
+import xxhash
+
+from .keygroups import DEFAULT_MAX_PARALLELISM, check_max_parallelism, key_group_from_hash
+
+Scalar = Union[int, float, str, bytes, bool, _dt.date, _dt.datetime]
+Key = Union[Scalar, tuple]
+NormalizedKey = tuple
+
+SPARK_HASH_SEED = 42
+_INT64_MIN = -(1 << 63)
+_INT64_MAX = (1 << 63) - 1
+_EPOCH_DATE = _dt.date(1970, 1, 1)
+_EPOCH_NAIVE = _dt.datetime(1970, 1, 1)
+_EPOCH_UTC = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
+
+# Tags of normalized elements whose Python equality is too loose.
+_T_FLOAT = "f"
+_T_BOOL = "b"
+_T_DATE = "d"
+_T_DATETIME = "t"
+
+_PLAIN = frozenset((int, str, bytes))
+_TAG_TYPES: dict[str, type] = {_T_FLOAT: float, _T_BOOL: bool, _T_DATE: _dt.date, _T_DATETIME: _dt.datetime}
+
+
+def _normalize_scalar(value: Any, key: Any) -> Hashable:
+    t = type(value)
+    if t is int:
+        if not _INT64_MIN <= value <= _INT64_MAX:
+            raise ValueError(f"key {key!r}: integer {value!r} does not fit a 64-bit long")
+        return value
+    if t is str or t is bytes:
+        return value
+    if t is bool:
+        return (_T_BOOL, value)
+    if t is float:
+        if math.isnan(value):
+            raise ValueError(f"key {key!r}: NaN is not a valid key value")
+        return (_T_FLOAT, value + 0.0)  # -0.0 + 0.0 == 0.0: Spark groups -0.0 with 0.0
+    if t is _dt.datetime:
+        return (_T_DATETIME, value)
+    if t is _dt.date:
+        return (_T_DATE, value)
+    if value is None:
+        raise ValueError(f"key {key!r}: None is not a valid key value")
+    if t is tuple:
+        # An element that is already normalized (tagged), so that normalize_key is idempotent.
+        if len(value) == 2 and _TAG_TYPES.get(value[0]) is type(value[1]):
+            return value
+        raise TypeError(f"key {key!r}: a key column cannot hold the tuple {value!r}; flatten the key")
+    # Slow path: numpy / pandas scalars and subclasses of the plain types.
+    item = getattr(value, "item", None)
+    module = type(value).__module__
+    if module.startswith("pandas"):
+        if type(value).__name__ == "Timestamp":
+            return _normalize_scalar(value.to_pydatetime(), key)
+        if value is getattr(__import__("pandas"), "NaT", object()) or type(value).__name__ in ("NaTType", "NAType"):
+            raise ValueError(f"key {key!r}: {value!r} is not a valid key value")
+    if module == "numpy" and item is not None:
+        if type(value).__name__ == "datetime64":
+            import pandas as pd
+
+            if pd.isna(value):
+                raise ValueError(f"key {key!r}: {value!r} is not a valid key value")
+            return _normalize_scalar(pd.Timestamp(value).to_pydatetime(), key)
+        return _normalize_scalar(item(), key)
+    if isinstance(value, bool):
+        return (_T_BOOL, bool(value))
+    if isinstance(value, int):
+        return _normalize_scalar(int(value), key)
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, (bytearray, memoryview)) or isinstance(value, bytes):
+        return bytes(value)
+    if isinstance(value, float):
+        return _normalize_scalar(float(value), key)
+    raise TypeError(
+        f"key {key!r}: {type(value).__name__} value {value!r} is not a supported key type "
+        "(int, float, str, bytes, bool, date, datetime)"
+    )
+
+
+def normalize_key(key: Any) -> NormalizedKey:
+    """Return the normalized tuple for ``key``; raise TypeError/ValueError naming a bad key."""
+    t = type(key)
+    if t is int or t is str:
+        if t is int and not _INT64_MIN <= key <= _INT64_MAX:
+            raise ValueError(f"key {key!r}: integer does not fit a 64-bit long")
+        return (key,)
+    if t is tuple:
+        if not key:
+            raise ValueError("key () is empty: a key needs at least one column")
+        for element in key:
+            if type(element) not in _PLAIN or (type(element) is int and not _INT64_MIN <= element <= _INT64_MAX):
+                return tuple(_normalize_scalar(e, key) for e in key)
+        return key
+    if isinstance(key, (list, dict, set, frozenset)):
+        raise TypeError(f"key {key!r}: a {t.__name__} is not a valid key; use a tuple of scalars")
+    if isinstance(key, tuple):  # namedtuple and other tuple subclasses
+        return normalize_key(tuple(key))
+    return (_normalize_scalar(key, key),)
+
+
+def denormalize_key(nkey: NormalizedKey) -> tuple:
+    """The user-facing key (a tuple of Python scalars) of a normalized key."""
+    for element in nkey:
+        if type(element) is tuple:
+            return tuple(e[1] if type(e) is tuple else e for e in nkey)
+    return nkey
+
+
+# ---------------------------------------------------------------- canonical bytes
+# One tag byte per element, then a fixed-width or length-prefixed payload.
+_B_INT = 0x01
+_B_STR = 0x02
+_B_BYTES = 0x03
+_B_FLOAT = 0x04
+_B_BOOL = 0x05
+_B_DATE = 0x06
+_B_DATETIME_NAIVE = 0x07
+_B_DATETIME_UTC = 0x08
+
+_pack_q = struct.Struct(">q").pack
+_pack_d = struct.Struct(">d").pack
+_pack_i = struct.Struct(">i").pack
+_pack_I = struct.Struct(">I").pack
+_unpack_q = struct.Struct(">q").unpack_from
+_unpack_d = struct.Struct(">d").unpack_from
+_unpack_i = struct.Struct(">i").unpack_from
+_unpack_I = struct.Struct(">I").unpack_from
+
+
+def _micros(value: _dt.datetime) -> tuple[int, bool]:
+    if value.tzinfo is None or value.utcoffset() is None:
+        delta = value - _EPOCH_NAIVE
+        aware = False
+    else:
+        delta = value - _EPOCH_UTC
+        aware = True
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds, aware
+
+
+def encode_key(nkey: NormalizedKey) -> bytes:
+    """Canonical bytes of a normalized key (see :func:`normalize_key`)."""
+    if len(nkey) == 1 and type(nkey[0]) is int:
+        return b"\x01" + _pack_q(nkey[0])
+    parts: list[bytes] = []
+    for element in nkey:
+        t = type(element)
+        if t is int:
+            parts.append(b"\x01" + _pack_q(element))
+        elif t is str:
+            raw = element.encode("utf-8")
+            parts.append(b"\x02" + _pack_I(len(raw)) + raw)
+        elif t is bytes:
+            parts.append(b"\x03" + _pack_I(len(element)) + element)
+        else:
+            tag, value = element
+            if tag == _T_FLOAT:
+                parts.append(b"\x04" + _pack_d(value))
+            elif tag == _T_BOOL:
+                parts.append(b"\x05\x01" if value else b"\x05\x00")
+            elif tag == _T_DATE:
+                parts.append(b"\x06" + _pack_i((value - _EPOCH_DATE).days))
+            else:
+                micros, aware = _micros(value)
+                parts.append((b"\x08" if aware else b"\x07") + _pack_q(micros))
+    return b"".join(parts)
+
+
+def decode_key(data: bytes, offset: int = 0) -> NormalizedKey:
+    """Inverse of :func:`encode_key` (from ``offset`` to the end of ``data``)."""
+    out: list[Hashable] = []
+    n = len(data)
+    i = offset
+    while i < n:
+        tag = data[i]
+        i += 1
+        if tag == _B_INT:
+            out.append(_unpack_q(data, i)[0])
+            i += 8
+        elif tag == _B_STR or tag == _B_BYTES:
+            length = _unpack_I(data, i)[0]
+            raw = data[i + 4 : i + 4 + length]
+            out.append(raw.decode("utf-8") if tag == _B_STR else bytes(raw))
+            i += 4 + length
+        elif tag == _B_FLOAT:
+            out.append((_T_FLOAT, _unpack_d(data, i)[0]))
+            i += 8
+        elif tag == _B_BOOL:
+            out.append((_T_BOOL, data[i] == 1))
+            i += 1
+        elif tag == _B_DATE:
+            out.append((_T_DATE, _EPOCH_DATE + _dt.timedelta(days=_unpack_i(data, i)[0])))
+            i += 4
+        elif tag == _B_DATETIME_NAIVE or tag == _B_DATETIME_UTC:
+            micros = _unpack_q(data, i)[0]
+            base = _EPOCH_NAIVE if tag == _B_DATETIME_NAIVE else _EPOCH_UTC
+            out.append((_T_DATETIME, base + _dt.timedelta(microseconds=micros)))
+            i += 8
+        else:
+            raise ValueError(f"corrupt key bytes {bytes(data)!r}: unknown element tag {tag:#04x} at {i - 1}")
+    return tuple(out)
+
+
+# ---------------------------------------------------------------- Spark's xxhash64
+# Spark type name -> how one column's value is hashed.
+_LONG_TYPES = {"long", "bigint", "timestamp", "timestamp_ntz"}
+_INT_TYPES = {"int", "integer", "short", "smallint", "byte", "tinyint", "date", "boolean"}
+_DOUBLE_TYPES = {"double"}
+_FLOAT_TYPES = {"float", "real"}
+_BYTES_TYPES = {"string", "binary"}
+SUPPORTED_SPARK_TYPES = frozenset(_LONG_TYPES | _INT_TYPES | _DOUBLE_TYPES | _FLOAT_TYPES | _BYTES_TYPES)
+
+_pack_le_q = struct.Struct("<q").pack
+_pack_le_i = struct.Struct("<i").pack
+_pack_le_d = struct.Struct("<d").pack
+_pack_le_f = struct.Struct("<f").pack
+_xxh = xxhash.xxh64_intdigest
+
+
+def spark_type_name(data_type: Any) -> str:
+    """``"long"``, ``"string"``, ... from a name or a pyspark ``DataType``."""
+    if isinstance(data_type, str):
+        name = data_type.strip().lower()
+    elif hasattr(data_type, "typeName"):
+        name = data_type.typeName()
+    else:
+        raise TypeError(f"key type {data_type!r} must be a Spark type name or a pyspark DataType")
+    if name not in SUPPORTED_SPARK_TYPES:
+        raise ValueError(f"key type {data_type!r} is not supported; use one of {sorted(SUPPORTED_SPARK_TYPES)}")
+    return name
+
+
+def _element_bytes(element: Hashable, type_name: str | None) -> bytes:
+    """The bytes Spark's xxhash64 reads for one column value."""
+    tag = None
+    value: Any = element
+    if type(element) is tuple:
+        tag, value = element
+    if type_name is None:  # infer from the Python type, as Spark infers a schema
+        if type(value) is int:
+            type_name = "long"
+        elif type(value) is str:
+            type_name = "string"
+        elif type(value) is bytes:
+            type_name = "binary"
+        elif tag == _T_FLOAT:
+            type_name = "double"
+        elif tag == _T_BOOL:
+            type_name = "boolean"
+        elif tag == _T_DATE:
+            type_name = "date"
+        else:
+            type_name = "timestamp"
+    if type_name in _LONG_TYPES:
+        if tag == _T_DATETIME:
+            return _pack_le_q(_micros(value)[0])
+        return _pack_le_q(int(value))
+    if type_name in _BYTES_TYPES:
+        return value.encode("utf-8") if type(value) is str else bytes(value)
+    if type_name in _INT_TYPES:
+        if tag == _T_DATE:
+            return _pack_le_i((value - _EPOCH_DATE).days)
+        return _pack_le_i(int(value))
+    if type_name in _DOUBLE_TYPES:
+        return _pack_le_d(float(value) + 0.0)
+    return _pack_le_f(float(value) + 0.0)
+
+
+def spark_hash(nkey: NormalizedKey, types: Sequence[str | None] | None = None) -> int:
+    """Spark's ``xxhash64(col1, col2, ...)`` (seed 42) of a normalized key, as a signed long."""
+    h = SPARK_HASH_SEED
+    if types is None:
+        for element in nkey:
+            t = type(element)
+            if t is int:
+                h = _xxh(_pack_le_q(element), h)
+            elif t is str:
+                h = _xxh(element.encode("utf-8"), h)
+            else:
+                h = _xxh(_element_bytes(element, None), h)
+    else:
+        if len(types) != len(nkey):
+            raise ValueError(f"key {denormalize_key(nkey)!r} has {len(nkey)} columns but {len(types)} types were given")
+        for element, type_name in zip(nkey, types):
+            h = _xxh(_element_bytes(element, type_name), h)
+    return h - (1 << 64) if h >= 1 << 63 else h
+
+
+def normalize_types(types: Iterable[Any] | None) -> tuple[str, ...] | None:
+    """Validate a sequence of Spark key types (names or DataTypes)."""
+    if types is None:
+        return None
+    if isinstance(types, str):
+        types = [types]
+    return tuple(spark_type_name(t) for t in types)
+
+
+def key_group(key: Any, max_parallelism: int = DEFAULT_MAX_PARALLELISM, types: Iterable[Any] | None = None) -> int:
+    """The key group of ``key``: bit-for-bit Spark's ``pmod(xxhash64(cols), max_parallelism)``.
+
+    ``types`` gives the Spark type of each key column (``"long"``, ``"int"``,
+    ``"string"``, ... or pyspark DataTypes). Without it, ``int`` hashes as a
+    long, ``str`` as a string, ``float`` as a double, ``bool`` as a boolean,
+    ``date`` as a date and ``datetime`` as a timestamp (naive datetimes are
+    taken as UTC wall-clock micros).
+    """
+    check_max_parallelism(max_parallelism)
+    return key_group_from_hash(spark_hash(normalize_key(key), normalize_types(types)), max_parallelism)

@@ -1,0 +1,314 @@
+"""RocksDBStore: keyed state in embedded RocksDB through ``rocksdict`` (raw mode).
+
+Every RocksDB key is ``key group (2 bytes, big-endian) + canonical key bytes``,
+so one key group is one contiguous key range: it can be scanned, deleted and
+bulk-loaded as a unit. Each table is a column family.
+
+The write-ahead log is off by default: this store is the working copy of
+state whose durable copy is the checkpoint (as in Flink), and ``flush()``
+persists the memtables when a caller needs the files themselves to be
+durable. Pass ``wal=True`` for a store that must survive a crash on its own.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import Any, Iterable, Iterator, Sequence
+
+import xxhash
+from rocksdict import BlockBasedOptions, Cache, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
+
+from .base import MISSING, Store, StoreClosedError, StoreError, StoreLockedError
+from .keygroups import DEFAULT_MAX_PARALLELISM
+from .keys import NormalizedKey, decode_key, encode_key, normalize_key, spark_hash
+from .serializers import Serializer
+
+_pack_le_q = struct.Struct("<q").pack
+_pack_be_q = struct.Struct(">q").pack
+_xxh = xxhash.xxh64_intdigest
+_KG_BYTES = 2
+
+
+def _kg_prefix(key_group: int) -> bytes:
+    return key_group.to_bytes(_KG_BYTES, "big")
+
+
+class _Closed:
+    """Stands in for the column family after close(): every use raises StoreClosedError."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+
+    def __getattr__(self, name: str) -> Any:
+        raise StoreClosedError(f"RocksDBStore at {self._path!r} is closed")
+
+
+class _Database:
+    """The open RocksDB instance shared by the tables (column families) of one store."""
+
+    def __init__(self, path: str, *, wal: bool, block_cache_bytes: int, bloom_bits_per_key: float) -> None:
+        self.path = path
+        self.wal = wal
+        self.tables: dict[str, "RocksDBStore"] = {}
+        self.closed = False
+        self._cf_options = self._make_options(block_cache_bytes, bloom_bits_per_key)
+        options = self._make_options(block_cache_bytes, bloom_bits_per_key)
+        options.create_if_missing(True)
+        options.create_missing_column_families(True)
+        existing: list[str] = []
+        if os.path.exists(os.path.join(path, "CURRENT")):
+            try:
+                existing = Rdict.list_cf(path)
+            except Exception as exc:  # rocksdict raises plain Exception
+                raise StoreError(f"cannot list the tables of the RocksDB store at {path!r}: {exc}") from exc
+        column_families = {name: self._cf_options for name in existing if name != "default"}
+        try:
+            self.db = Rdict(path, options, column_families=column_families or None)
+        except Exception as exc:
+            message = str(exc)
+            if "lock" in message.lower():
+                raise StoreLockedError(
+                    f"the RocksDB store at {path!r} is already open in another process or store "
+                    f"(RocksDB holds its LOCK file): {message}"
+                ) from exc
+            raise StoreError(f"cannot open the RocksDB store at {path!r}: {message}") from exc
+        self.write_options = WriteOptions()
+        self.write_options.disable_wal = not wal
+        self.db.set_write_options(self.write_options)
+
+    @staticmethod
+    def _make_options(block_cache_bytes: int, bloom_bits_per_key: float) -> Options:
+        options = Options(raw_mode=True)
+        table = BlockBasedOptions()
+        table.set_block_cache(Cache(block_cache_bytes))
+        if bloom_bits_per_key:
+            # A whole-key bloom filter makes a miss on a new key cheap (no block read).
+            table.set_bloom_filter(bloom_bits_per_key, False)
+        options.set_block_based_table_factory(table)
+        return options
+
+    def column_family(self, name: str) -> tuple[Rdict, Any]:
+        if name == "default":
+            cf = self.db
+        else:
+            try:
+                cf = self.db.get_column_family(name)
+            except Exception:
+                cf = self.db.create_column_family(name, self._cf_options)
+        if cf is not self.db:
+            cf.set_write_options(self.write_options)
+        return cf, self.db.get_column_family_handle(name)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for table in self.tables.values():
+            table._cf.flush(True)
+            table._cf = _Closed(self.path)  # type: ignore[assignment]
+        self.db.close()
+
+
+class RocksDBStore(Store):
+    """One table (column family) of an embedded RocksDB; ``table(name)`` opens siblings.
+
+    Args:
+        path: directory of the database (created if missing). One process at a
+            time: a second open raises :class:`~state.StoreLockedError`.
+        max_parallelism: key groups in front of every key (fixed for the life of the data).
+        key_types: Spark types of the key columns, for key groups that match
+            Spark's ``pmod(xxhash64(cols), n)``; inferred from Python types if None.
+        serializer: value serializer (pickle protocol 5 by default).
+        table: the table this object reads and writes.
+        wal: keep RocksDB's write-ahead log (off: the checkpoint is the durable copy).
+        block_cache_bytes: RocksDB block cache size.
+        bloom_bits_per_key: bloom filter bits per key (0 disables it).
+    """
+
+    batches_writes = True
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        max_parallelism: int = DEFAULT_MAX_PARALLELISM,
+        key_types: Iterable[Any] | None = None,
+        serializer: Serializer | None = None,
+        table: str = "default",
+        wal: bool = False,
+        block_cache_bytes: int = 64 << 20,
+        bloom_bits_per_key: float = 10,
+        _database: _Database | None = None,
+    ) -> None:
+        super().__init__(name=table, max_parallelism=max_parallelism, key_types=key_types, serializer=serializer)
+        if block_cache_bytes <= 0:
+            raise ValueError(f"block_cache_bytes must be positive, got {block_cache_bytes!r}")
+        if bloom_bits_per_key < 0:
+            raise ValueError(f"bloom_bits_per_key must be >= 0, got {bloom_bits_per_key!r}")
+        self.path = os.fspath(path)
+        if _database is None:
+            os.makedirs(self.path, exist_ok=True)
+            _database = _Database(
+                self.path, wal=wal, block_cache_bytes=block_cache_bytes, bloom_bits_per_key=bloom_bits_per_key
+            )
+            self._owner = True
+        else:
+            self._owner = False
+        self._database = _database
+        self._cf, self._handle = _database.column_family(table)
+        _database.tables[table] = self
+        self._prefixes = [_kg_prefix(g) for g in range(self.max_parallelism)]
+        self._single_long = self.key_types is None or self.key_types in (("long",), ("bigint",))
+
+    # ------------------------------------------------------------ key bytes
+    def _encode(self, nkey: NormalizedKey) -> bytes:
+        """``key group (2 bytes BE) + canonical key bytes``."""
+        if len(nkey) == 1 and type(nkey[0]) is int and self._single_long:
+            k = nkey[0]
+            h = _xxh(_pack_le_q(k), 42)
+            if h >= 9223372036854775808:
+                h -= 18446744073709551616
+            return self._prefixes[h % self.max_parallelism] + b"\x01" + _pack_be_q(k)
+        h = spark_hash(nkey, self.key_types)
+        return self._prefixes[h % self.max_parallelism] + encode_key(nkey)
+
+    def _decode(self, raw: bytes) -> NormalizedKey:
+        return decode_key(raw, _KG_BYTES)
+
+    # ------------------------------------------------------------ primitives
+    def _load(self, nkey: NormalizedKey) -> Any:
+        raw = self._cf.get(self._encode(nkey))
+        return MISSING if raw is None else self.serializer.loads(raw)
+
+    def _load_many(self, nkeys: Sequence[NormalizedKey]) -> list[Any]:
+        if not nkeys:
+            return []
+        encode = self._encode
+        raws = self._cf.get([encode(k) for k in nkeys])
+        loads = self.serializer.loads
+        return [MISSING if raw is None else loads(raw) for raw in raws]
+
+    def _write(self, items: Iterable[tuple[NormalizedKey, Any]]) -> None:
+        dumps = self.serializer.dumps
+        self._write_serialized([(k, None if v is MISSING else dumps(v)) for k, v in items])
+
+    def _write_serialized(self, items: Iterable[tuple[NormalizedKey, bytes | None]]) -> None:
+        batch = WriteBatch(raw_mode=True)
+        batch.set_default_column_family(self._handle)
+        put = batch.put
+        delete = batch.delete
+        encode = self._encode
+        for nkey, raw in items:
+            if raw is None:
+                delete(encode(nkey))
+            else:
+                put(encode(nkey), raw)
+        if batch.len():
+            self._cf.write(batch)
+
+    def _iter_items(self) -> Iterator[tuple[NormalizedKey, Any]]:
+        loads = self.serializer.loads
+        for raw_key, raw_value in self._cf.items():
+            yield decode_key(raw_key, _KG_BYTES), loads(raw_value)
+
+    # Faster single-key paths than the generic ones (no tuple of pairs, no batch).
+    def get(self, key: Any, default: Any = None) -> Any:
+        raw = self._cf.get(self._encode(normalize_key(key)))
+        return default if raw is None else self.serializer.loads(raw)
+
+    def put(self, key: Any, value: Any) -> None:
+        self._cf.put(self._encode(normalize_key(key)), self.serializer.dumps(value))
+
+    def delete(self, key: Any) -> None:
+        self._cf.delete(self._encode(normalize_key(key)))
+
+    def __contains__(self, key: Any) -> bool:
+        return self._cf.get(self._encode(normalize_key(key))) is not None
+
+    # ------------------------------------------------------------ key groups
+    def _check_key_groups(self, key_groups: range) -> range:
+        if not isinstance(key_groups, range) or key_groups.step != 1:
+            raise TypeError(f"key_groups must be a range with step 1, got {key_groups!r}")
+        if key_groups.start < 0 or key_groups.stop > self.max_parallelism:
+            raise ValueError(f"key_groups {key_groups!r} outside [0, max_parallelism={self.max_parallelism})")
+        return key_groups
+
+    def _bounds(self, key_groups: range) -> tuple[bytes, bytes]:
+        return _kg_prefix(key_groups.start), _kg_prefix(key_groups.stop)
+
+    def iter_raw(self, key_groups: range | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """Raw ``(key bytes, value bytes)`` of the table, optionally of a key-group range, in key order."""
+        if key_groups is None:
+            yield from self._cf.items()
+            return
+        lower, upper = self._bounds(self._check_key_groups(key_groups))
+        if not len(key_groups):
+            return
+        options = ReadOptions()
+        options.set_iterate_upper_bound(upper)
+        yield from self._cf.items(from_key=lower, read_opt=options)
+
+    def items(self, key_groups: range | None = None) -> Iterator[tuple[tuple, Any]]:  # type: ignore[override]
+        """``(key, value)`` pairs, optionally only those of a contiguous key-group range."""
+        from .keys import denormalize_key
+
+        loads = self.serializer.loads
+        for raw_key, raw_value in self.iter_raw(key_groups):
+            yield denormalize_key(decode_key(raw_key, _KG_BYTES)), loads(raw_value)
+
+    def delete_key_groups(self, key_groups: range) -> None:
+        """Delete every key of a contiguous key-group range (one range tombstone)."""
+        self._check_key_groups(key_groups)
+        if len(key_groups):
+            lower, upper = self._bounds(key_groups)
+            self._cf.delete_range(lower, upper)
+
+    def key_group_of_raw(self, raw_key: bytes) -> int:
+        """The key group stored in front of a raw RocksDB key."""
+        return int.from_bytes(raw_key[:_KG_BYTES], "big")
+
+    def write_raw(self, pairs: Iterable[tuple[bytes, bytes]]) -> None:
+        """Write raw ``(key bytes, value bytes)`` pairs in one write batch (restore path)."""
+        batch = WriteBatch(raw_mode=True)
+        batch.set_default_column_family(self._handle)
+        put = batch.put
+        for raw_key, raw_value in pairs:
+            put(raw_key, raw_value)
+        if batch.len():
+            self._cf.write(batch)
+
+    # ------------------------------------------------------------ lifecycle
+    def table(self, name: str) -> "RocksDBStore":
+        if self._database.closed:
+            raise StoreClosedError(f"RocksDBStore at {self.path!r} is closed")
+        existing = self._database.tables.get(name)
+        if existing is not None:
+            return existing
+        return RocksDBStore(
+            self.path,
+            max_parallelism=self.max_parallelism,
+            key_types=self.key_types,
+            serializer=self.serializer,
+            table=name,
+            _database=self._database,
+        )
+
+    def tables(self) -> list[str]:
+        return sorted(set(self._database.tables) | set(self._database.db.list_cf(self.path)))
+
+    def flush(self) -> None:
+        """Persist this table's memtable to SST files (durable without a WAL)."""
+        self._cf.flush(True)
+
+    def close(self) -> None:
+        """Flush every table and close the database (only the store that opened it closes it)."""
+        if self._owner:
+            self._database.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._database.closed
+
+    def __repr__(self) -> str:
+        return f"RocksDBStore({self.path!r}, table={self.name!r})"

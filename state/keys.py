@@ -30,7 +30,7 @@ from .keygroups import DEFAULT_MAX_PARALLELISM, check_max_parallelism, key_group
 
 Scalar = Union[int, float, str, bytes, bool, _dt.date, _dt.datetime]
 Key = Union[Scalar, tuple]
-NormalizedKey = tuple
+NormalizedKey = Hashable  # a bare int/str/bytes, or a tuple
 
 SPARK_HASH_SEED = 42
 _INT64_MIN = -(1 << 63)
@@ -107,28 +107,48 @@ def _normalize_scalar(value: Any, key: Any) -> Hashable:
 
 
 def normalize_key(key: Any) -> NormalizedKey:
-    """Return the normalized tuple for ``key``; raise TypeError/ValueError naming a bad key."""
+    """Return the normalized form of ``key``; raise TypeError/ValueError naming a bad key.
+
+    A one-column key of an ``int``, ``str`` or ``bytes`` normalizes to the bare
+    value (the fastest dict key); every other key to a tuple. The function is
+    idempotent.
+    """
     t = type(key)
-    if t is int or t is str:
-        if t is int and not _INT64_MIN <= key <= _INT64_MAX:
+    if t is int:
+        if not _INT64_MIN <= key <= _INT64_MAX:
             raise ValueError(f"key {key!r}: integer does not fit a 64-bit long")
-        return (key,)
+        return key
+    if t is str or t is bytes:
+        return key
     if t is tuple:
         if not key:
             raise ValueError("key () is empty: a key needs at least one column")
         for element in key:
             if type(element) not in _PLAIN or (type(element) is int and not _INT64_MIN <= element <= _INT64_MAX):
-                return tuple(_normalize_scalar(e, key) for e in key)
-        return key
-    if isinstance(key, (list, dict, set, frozenset)):
+                break
+        else:
+            return key[0] if len(key) == 1 else key
+        elements = tuple(_normalize_scalar(e, key) for e in key)
+    elif isinstance(key, (list, dict, set, frozenset)):
         raise TypeError(f"key {key!r}: a {t.__name__} is not a valid key; use a tuple of scalars")
-    if isinstance(key, tuple):  # namedtuple and other tuple subclasses
+    elif isinstance(key, tuple):  # namedtuple and other tuple subclasses
         return normalize_key(tuple(key))
-    return (_normalize_scalar(key, key),)
+    else:
+        elements = (_normalize_scalar(key, key),)
+    if len(elements) == 1 and type(elements[0]) in _PLAIN:
+        return elements[0]
+    return elements
+
+
+def key_columns(nkey: NormalizedKey) -> tuple:
+    """The normalized elements of a normalized key, as a tuple (bare one-column keys wrapped)."""
+    return nkey if type(nkey) is tuple else (nkey,)
 
 
 def denormalize_key(nkey: NormalizedKey) -> tuple:
     """The user-facing key (a tuple of Python scalars) of a normalized key."""
+    if type(nkey) is not tuple:
+        return (nkey,)
     for element in nkey:
         if type(element) is tuple:
             return tuple(e[1] if type(e) is tuple else e for e in nkey)
@@ -168,10 +188,10 @@ def _micros(value: _dt.datetime) -> tuple[int, bool]:
 
 def encode_key(nkey: NormalizedKey) -> bytes:
     """Canonical bytes of a normalized key (see :func:`normalize_key`)."""
-    if len(nkey) == 1 and type(nkey[0]) is int:
-        return b"\x01" + _pack_q(nkey[0])
+    if type(nkey) is int:
+        return b"\x01" + _pack_q(nkey)
     parts: list[bytes] = []
-    for element in nkey:
+    for element in key_columns(nkey):
         t = type(element)
         if t is int:
             parts.append(b"\x01" + _pack_q(element))
@@ -226,6 +246,8 @@ def decode_key(data: bytes, offset: int = 0) -> NormalizedKey:
             i += 8
         else:
             raise ValueError(f"corrupt key bytes {bytes(data)!r}: unknown element tag {tag:#04x} at {i - 1}")
+    if len(out) == 1 and type(out[0]) in _PLAIN:
+        return out[0]
     return tuple(out)
 
 
@@ -297,6 +319,7 @@ def _element_bytes(element: Hashable, type_name: str | None) -> bytes:
 def spark_hash(nkey: NormalizedKey, types: Sequence[str | None] | None = None) -> int:
     """Spark's ``xxhash64(col1, col2, ...)`` (seed 42) of a normalized key, as a signed long."""
     h = SPARK_HASH_SEED
+    nkey = key_columns(nkey)
     if types is None:
         for element in nkey:
             t = type(element)

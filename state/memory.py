@@ -34,12 +34,12 @@ class MemoryStore(Store):
     # Hot paths skip normalize_key() for in-range int keys (the common case).
     def get(self, key: Any, default: Any = None) -> Any:
         if type(key) is int and -9223372036854775808 <= key <= 9223372036854775807:
-            return self._data.get((key,), default)
+            return self._data.get(key, default)
         return self._data.get(normalize_key(key), default)
 
     def put(self, key: Any, value: Any) -> None:
         if type(key) is int and -9223372036854775808 <= key <= 9223372036854775807:
-            self._data[(key,)] = value
+            self._data[key] = value
         else:
             self._data[normalize_key(key)] = value
 

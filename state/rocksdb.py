@@ -164,12 +164,11 @@ class RocksDBStore(Store):
     # ------------------------------------------------------------ key bytes
     def _encode(self, nkey: NormalizedKey) -> bytes:
         """``key group (2 bytes BE) + canonical key bytes``."""
-        if len(nkey) == 1 and type(nkey[0]) is int and self._single_long:
-            k = nkey[0]
-            h = _xxh(_pack_le_q(k), 42)
+        if type(nkey) is int and self._single_long:
+            h = _xxh(_pack_le_q(nkey), 42)
             if h >= 9223372036854775808:
                 h -= 18446744073709551616
-            return self._prefixes[h % self.max_parallelism] + b"\x01" + _pack_be_q(k)
+            return self._prefixes[h % self.max_parallelism] + b"\x01" + _pack_be_q(nkey)
         h = spark_hash(nkey, self.key_types)
         return self._prefixes[h % self.max_parallelism] + encode_key(nkey)
 

@@ -33,7 +33,7 @@ class MemoryEstimator:
         self._sum = 0
         self.samples_taken = 0
 
-    def observe(self, key: tuple, value: Any, dumps: Callable[[Any], bytes]) -> bool:
+    def observe(self, key: Any, value: Any, dumps: Callable[[Any], bytes]) -> bool:
         """Count one entry written or loaded; sample it when due. True when the mean changed."""
         self._countdown -= 1
         if self._countdown > 0:
@@ -44,7 +44,8 @@ class MemoryEstimator:
             size = len(dumps(value))
         except Exception:  # an unserializable value is reported when it is written, not here
             return False
-        size += sum(len(e) if type(e) in (str, bytes) else 9 for e in key)
+        columns = key if type(key) is tuple else (key,)
+        size += sum(len(e) if type(e) in (str, bytes) else 9 for e in columns)
         self._samples.append(size)
         self._sum += size
         if len(self._samples) > self.window:

@@ -194,7 +194,7 @@ class WriteBackCache(Store):
     # ------------------------------------------------------------ reads
     def get(self, key: Any, default: Any = None) -> Any:
         if type(key) is int and -9223372036854775808 <= key <= 9223372036854775807:
-            nkey: NormalizedKey = (key,)
+            nkey: NormalizedKey = key
         else:
             nkey = normalize_key(key)
         value = self._data_get(nkey, _NOT_CACHED)
@@ -271,7 +271,7 @@ class WriteBackCache(Store):
     # ------------------------------------------------------------ writes
     def put(self, key: Any, value: Any) -> None:
         if type(key) is int and -9223372036854775808 <= key <= 9223372036854775807:
-            nkey: NormalizedKey = (key,)
+            nkey: NormalizedKey = key
         else:
             nkey = normalize_key(key)
         data = self._data

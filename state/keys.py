@@ -71,7 +71,7 @@ def _normalize_scalar(value: Any, key: Any) -> Hashable:
         raise ValueError(f"key {key!r}: None is not a valid key value")
     if t is tuple:
         # An element that is already normalized (tagged), so that normalize_key is idempotent.
-        if len(value) == 2 and _TAG_TYPES.get(value[0]) is type(value[1]):
+        if len(value) == 2 and type(value[0]) is str and _TAG_TYPES.get(value[0]) is type(value[1]):
             return value
         raise TypeError(f"key {key!r}: a key column cannot hold the tuple {value!r}; flatten the key")
     # Slow path: numpy / pandas scalars and subclasses of the plain types.
@@ -196,7 +196,7 @@ def encode_key(nkey: NormalizedKey) -> bytes:
         if t is int:
             parts.append(b"\x01" + _pack_q(element))
         elif t is str:
-            raw = element.encode("utf-8")
+            raw = element.encode("utf-8", "surrogatepass")
             parts.append(b"\x02" + _pack_I(len(raw)) + raw)
         elif t is bytes:
             parts.append(b"\x03" + _pack_I(len(element)) + element)
@@ -228,7 +228,7 @@ def decode_key(data: bytes, offset: int = 0) -> NormalizedKey:
         elif tag == _B_STR or tag == _B_BYTES:
             length = _unpack_I(data, i)[0]
             raw = data[i + 4 : i + 4 + length]
-            out.append(raw.decode("utf-8") if tag == _B_STR else bytes(raw))
+            out.append(raw.decode("utf-8", "surrogatepass") if tag == _B_STR else bytes(raw))
             i += 4 + length
         elif tag == _B_FLOAT:
             out.append((_T_FLOAT, _unpack_d(data, i)[0]))
@@ -306,7 +306,7 @@ def _element_bytes(element: Hashable, type_name: str | None) -> bytes:
             return _pack_le_q(_micros(value)[0])
         return _pack_le_q(int(value))
     if type_name in _BYTES_TYPES:
-        return value.encode("utf-8") if type(value) is str else bytes(value)
+        return value.encode("utf-8", "surrogatepass") if type(value) is str else bytes(value)
     if type_name in _INT_TYPES:
         if tag == _T_DATE:
             return _pack_le_i((value - _EPOCH_DATE).days)
@@ -326,7 +326,7 @@ def spark_hash(nkey: NormalizedKey, types: Sequence[str | None] | None = None) -
             if t is int:
                 h = _xxh(_pack_le_q(element), h)
             elif t is str:
-                h = _xxh(element.encode("utf-8"), h)
+                h = _xxh(element.encode("utf-8", "surrogatepass"), h)
             else:
                 h = _xxh(_element_bytes(element, None), h)
     else:

@@ -9,6 +9,18 @@ from .keys import NormalizedKey, normalize_key
 from .serializers import Serializer
 
 
+class _ClosedData:
+    """Replaces a closed table's dict: every use raises StoreClosedError."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def _raise(self, *args: Any, **kwargs: Any) -> Any:
+        raise StoreClosedError(f"MemoryStore table {self._name!r} is closed")
+
+    get = pop = items = __getitem__ = __setitem__ = __contains__ = __len__ = __iter__ = _raise
+
+
 class MemoryStore(Store):
     """Keyed state in a Python dict, with named tables; the fastest store and the reference model.
 
@@ -86,6 +98,7 @@ class MemoryStore(Store):
 
     def close(self) -> None:
         self._closed = True
+        self._data = _ClosedData(self.name)  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return f"MemoryStore(table={self.name!r}, entries={len(self._data)})"

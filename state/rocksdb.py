@@ -106,8 +106,13 @@ class _Database:
         self.closed = True
         for table in self.tables.values():
             table._cf.flush(True)
+        for table in self.tables.values():
             table._cf = _Closed(self.path)  # type: ignore[assignment]
         self.db.close()
+        # A live column-family handle keeps RocksDB's LOCK: drop every one so the path can reopen.
+        for table in self.tables.values():
+            table._handle = None
+        self.db = _Closed(self.path)  # type: ignore[assignment]
 
 
 class RocksDBStore(Store):
@@ -294,7 +299,9 @@ class RocksDBStore(Store):
         )
 
     def tables(self) -> list[str]:
-        return sorted(set(self._database.tables) | set(self._database.db.list_cf(self.path)))
+        if self._database.closed:
+            raise StoreClosedError(f"RocksDBStore at {self.path!r} is closed")
+        return sorted(set(self._database.tables) | set(Rdict.list_cf(self.path)))
 
     def flush(self) -> None:
         """Persist this table's memtable to SST files (durable without a WAL)."""

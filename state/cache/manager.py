@@ -197,8 +197,20 @@ class CacheManager:
             if give > 0:
                 self._grant(other, self._caches[other] - give)
                 need -= give
+        if self.free_blocks < 1:
+            for other in sorted(self._caches, key=lambda c: -self._caches[c]):
+                if self._caches[other] > 1:
+                    self._grant(other, self._caches[other] - 1)
+                    break
+            else:
+                cache._manager = None
+                raise ValueError(
+                    f"CacheManager(max_bytes={self.max_bytes}) has {self.total_blocks} blocks of "
+                    f"{self.block_bytes} bytes and {len(self._caches)} caches hold them all; "
+                    "use a smaller block_bytes or a larger max_bytes"
+                )
         self._loads_seen[cache] = cache.stats()["loads"]
-        self._grant(cache, max(1, min(share, self.free_blocks)))
+        self._grant(cache, min(share, self.free_blocks))
 
     def unregister(self, cache: "WriteBackCache") -> None:
         """Return the cache's blocks to the pool."""

@@ -353,6 +353,9 @@ class WriteBackCache(Store):
             and self._max_bytes is not None
         ):
             self._recompute_capacity()
+            if self._watermarks:
+                self._evict_to_fit()
+                self._bound_dirty()  # a smaller capacity lowers the watermarks too
         if len(self._data) > self._capacity:
             self._evict_to_fit()
         manager = self._manager

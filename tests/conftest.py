@@ -1,0 +1,62 @@
+"""Shared pytest fixtures.
+
+Only the ``spark`` fixture lives here: one local SparkSession for the whole
+test session, created on first use by a test that asks for it (tests that do
+not ask never start a JVM). Mark such tests ``@pytest.mark.spark``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from typing import Iterator
+
+import pytest
+
+
+def _java_available() -> bool:
+    if shutil.which("java"):
+        return True
+    java_home = os.environ.get("JAVA_HOME")
+    return bool(java_home) and os.access(os.path.join(java_home, "bin", "java"), os.X_OK)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator["pyspark.sql.SparkSession"]:  # type: ignore[name-defined]  # noqa: F821
+    """A local[2] SparkSession shared by every Spark test; stopped at the end of the session.
+
+    Skipped when no ``java`` is found, except under CI (``CI`` set), where
+    Spark tests must run and a missing JVM is a failure.
+    """
+    if not _java_available():
+        reason = "Spark tests need Java (17+): no `java` on PATH and no JAVA_HOME/bin/java"
+        if os.environ.get("CI"):
+            pytest.fail(f"{reason}; CI is set, so Spark tests must run", pytrace=False)
+        pytest.skip(reason)
+
+    # Python workers and the driver must be this interpreter (the venv's), set
+    # before the JVM starts.
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("opbuffer-tests")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", "1g")
+        # Loopback only: tests never need another address, and a host name
+        # that does not resolve must not break them.
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    try:
+        yield session
+    finally:
+        session.stop()

@@ -1,0 +1,251 @@
+"""Keys: normalization, canonical bytes and key groups (DESIGN.md, "Keys")."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from state import decode_key, encode_key, key_group, normalize_key
+from state.keys import denormalize_key
+
+from .helpers import INT64_MAX, INT64_MIN, KEY_POOL, PLUS_ONE, UTC, hsettings, key_tuples, scalar_values
+
+# ------------------------------------------------------------------ one key, many spellings
+
+
+def test_np_int64_and_int_are_one_key():
+    assert normalize_key(np.int64(5)) == normalize_key(5)
+    assert encode_key(normalize_key(np.int64(5))) == encode_key(normalize_key(5))
+    assert key_group(np.int64(5)) == key_group(5)
+
+
+def test_bare_scalar_and_one_tuple_are_one_key():
+    assert normalize_key(5) == normalize_key((5,))
+    assert normalize_key("a") == normalize_key(("a",))
+
+
+@pytest.mark.parametrize(
+    "numpy_value, python_value",
+    [
+        (np.int8(-3), -3),
+        (np.int32(7), 7),
+        (np.uint16(9), 9),
+        (np.int64(INT64_MAX), INT64_MAX),
+        (np.float32(0.5), 0.5),
+        (np.float64(2.5), 2.5),
+        (np.bool_(True), True),
+        (np.str_("x"), "x"),
+        (np.bytes_(b"x"), b"x"),
+        (pd.Timestamp("2021-03-04 05:06:07.000008"), dt.datetime(2021, 3, 4, 5, 6, 7, 8)),
+        (np.datetime64("2021-03-04T05:06:07.000008"), dt.datetime(2021, 3, 4, 5, 6, 7, 8)),
+    ],
+    ids=repr,
+)
+def test_numpy_and_pandas_scalars_are_the_python_scalar_key(numpy_value, python_value):
+    assert normalize_key(numpy_value) == normalize_key(python_value)
+    assert normalize_key(("k", numpy_value)) == normalize_key(("k", python_value))
+    assert encode_key(normalize_key(numpy_value)) == encode_key(normalize_key(python_value))
+
+
+def test_tuple_keys_with_numpy_elements_are_the_python_tuple_key():
+    assert normalize_key(("a", np.int64(1), np.float64(2.0))) == normalize_key(("a", 1, 2.0))
+
+
+def test_str_and_bytes_are_different_keys():
+    assert normalize_key("a") != normalize_key(b"a")
+    assert encode_key(normalize_key("a")) != encode_key(normalize_key(b"a"))
+
+
+def test_one_float_one_and_true_are_three_different_keys():
+    keys = [normalize_key(1), normalize_key(1.0), normalize_key(True)]
+    assert len(set(keys)) == 3
+    assert len({encode_key(k) for k in keys}) == 3
+
+
+def test_zero_false_and_float_zero_are_three_different_keys():
+    keys = [normalize_key(0), normalize_key(0.0), normalize_key(False)]
+    assert len(set(keys)) == 3
+
+
+def test_negative_zero_and_zero_are_one_key():
+    assert normalize_key(-0.0) == normalize_key(0.0)
+    assert encode_key(normalize_key(-0.0)) == encode_key(normalize_key(0.0))
+
+
+def test_date_and_midnight_datetime_are_different_keys():
+    assert normalize_key(dt.date(2020, 1, 1)) != normalize_key(dt.datetime(2020, 1, 1))
+
+
+def test_naive_and_aware_datetimes_are_different_keys():
+    naive = normalize_key(dt.datetime(2020, 1, 1))
+    aware = normalize_key(dt.datetime(2020, 1, 1, tzinfo=UTC))
+    assert naive != aware
+    assert encode_key(naive) != encode_key(aware)
+
+
+def test_aware_datetimes_of_one_instant_are_one_key():
+    utc = normalize_key(dt.datetime(2020, 1, 1, tzinfo=UTC))
+    plus_one = normalize_key(dt.datetime(2020, 1, 1, 1, tzinfo=PLUS_ONE))
+    assert utc == plus_one
+    assert encode_key(utc) == encode_key(plus_one)
+
+
+def test_key_pool_identities_are_exactly_the_normalized_keys():
+    """The hand-written identities of the shared key pool agree with normalize_key (both ways)."""
+    by_identity: dict[str, set] = {}
+    for key, identity in KEY_POOL:
+        by_identity.setdefault(identity, set()).add(normalize_key(key))
+    assert all(len(nkeys) == 1 for nkeys in by_identity.values()), by_identity
+    distinct = [next(iter(nkeys)) for nkeys in by_identity.values()]
+    assert len(set(distinct)) == len(distinct)
+    assert len({encode_key(k) for k in distinct}) == len(distinct)
+
+
+# ------------------------------------------------------------------ unsupported keys
+
+
+class _Opaque:
+    def __repr__(self) -> str:
+        return "<opaque key 42>"
+
+
+@pytest.mark.parametrize(
+    "key, offending",
+    [
+        ([1, 2], [1, 2]),
+        ({"a": 1}, {"a": 1}),
+        ({1}, {1}),
+        (float("nan"), float("nan")),
+        (np.float64("nan"), np.float64("nan")),
+        (("a", float("nan")), float("nan")),
+        (None, None),
+        (("a", None), None),
+        (1 << 63, 1 << 63),
+        (INT64_MIN - 1, INT64_MIN - 1),
+        (np.uint64(1 << 63), np.uint64(1 << 63)),
+        (("a", 1 << 64), 1 << 64),
+        (((1, 2),), (1, 2)),
+        (("a", ("b", "c")), ("b", "c")),
+        (("a", [1]), [1]),
+        ((([1], 2),), ([1], 2)),
+        (1 + 2j, 1 + 2j),
+        (_Opaque(), _Opaque()),
+        (pd.NaT, pd.NaT),
+        (np.datetime64("NaT"), np.datetime64("NaT")),
+        ((), ()),
+    ],
+    ids=repr,
+)
+def test_unsupported_key_raises_naming_the_offending_value(key, offending):
+    with pytest.raises((TypeError, ValueError)) as info:
+        normalize_key(key)
+    assert repr(offending) in str(info.value)
+
+
+def test_every_accepted_str_key_has_canonical_bytes():
+    """A str that is not valid UTF-8 (a lone surrogate) cannot be a Spark string or canonical bytes.
+
+    normalize_key must reject it with a ValueError that names it, rather than accept it and let
+    encode_key (RocksDB, a cache eviction) fail later with a bare UnicodeEncodeError.
+    """
+    key = "bad\ud800"
+    try:
+        nkey = normalize_key(key)
+    except ValueError as exc:
+        assert repr(key) in str(exc)
+    else:
+        assert decode_key(encode_key(nkey)) == nkey
+
+
+# ------------------------------------------------------------------ idempotence and canonical bytes
+
+pool_keys = st.sampled_from([key for key, _ in KEY_POOL])
+any_key = st.one_of(pool_keys, key_tuples, scalar_values)
+
+
+@hsettings(max_examples=150)
+@given(any_key)
+def test_normalize_key_is_idempotent(key):
+    once = normalize_key(key)
+    assert normalize_key(once) == once
+    assert encode_key(normalize_key(once)) == encode_key(once)
+
+
+@hsettings(max_examples=150)
+@given(any_key)
+def test_denormalized_key_normalizes_back(key):
+    nkey = normalize_key(key)
+    assert normalize_key(denormalize_key(nkey)) == nkey
+
+
+@hsettings(max_examples=150)
+@given(key_tuples)
+def test_encode_decode_round_trip(key):
+    nkey = normalize_key(key)
+    assert decode_key(encode_key(nkey)) == nkey
+
+
+@hsettings(max_examples=150)
+@given(key_tuples, key_tuples)
+def test_equal_normalized_keys_give_equal_bytes_and_distinct_give_distinct(a, b):
+    na, nb = normalize_key(a), normalize_key(b)
+    assert (encode_key(na) == encode_key(nb)) == (na == nb)
+
+
+@hsettings(max_examples=100)
+@given(key_tuples, st.binary(max_size=4))
+def test_decode_key_reads_from_an_offset(key, prefix):
+    nkey = normalize_key(key)
+    assert decode_key(prefix + encode_key(nkey), len(prefix)) == nkey
+
+
+@hsettings(max_examples=150)
+@given(any_key, st.integers(min_value=1, max_value=1 << 15))
+def test_key_group_is_in_range(key, max_parallelism):
+    assert 0 <= key_group(key, max_parallelism) < max_parallelism
+
+
+def test_decode_key_rejects_corrupt_bytes_naming_them():
+    with pytest.raises(ValueError) as info:
+        decode_key(b"\x7f\x00")
+    assert repr(b"\x7f\x00") in str(info.value)
+
+
+_SUBPROCESS_KEYS = [
+    5,
+    -1,
+    "user",
+    b"\x00bytes",
+    1.5,
+    True,
+    ("a", 1, 2.0, False),
+    dt.date(2020, 2, 29),
+    dt.datetime(2020, 2, 29, 12, 0, 0, 7),
+    dt.datetime(2020, 2, 29, 12, 0, 0, 7, tzinfo=UTC),
+]
+
+_SCRIPT = """
+import datetime, json
+from state import encode_key, key_group, normalize_key
+keys = {keys}
+print(json.dumps([[encode_key(normalize_key(k)).hex(), key_group(k), key_group(k, 7)] for k in keys]))
+"""
+
+
+def test_key_bytes_and_key_groups_are_the_same_in_another_process():
+    """Canonical bytes and key groups never depend on the process (hash() is salted per process)."""
+    script = _SCRIPT.format(keys=repr(_SUBPROCESS_KEYS))
+    env = dict(os.environ, PYTHONHASHSEED="12345")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    here = [[encode_key(normalize_key(k)).hex(), key_group(k), key_group(k, 7)] for k in _SUBPROCESS_KEYS]
+    assert json.loads(out.stdout) == here

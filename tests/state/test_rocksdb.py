@@ -1,0 +1,305 @@
+"""RocksDBStore specifics: tables, key-group ranges, lifecycle, the process lock."""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from state import RocksDBStore, StoreClosedError, StoreLockedError
+
+from .helpers import KEY_POOL, expected_items, hsettings, typed_items
+
+MAX_P = 16
+
+
+def _fill(store: RocksDBStore, n: int = 300) -> dict:
+    """Keys of several types spread over every key group; returns key -> value."""
+    content = {}
+    for i in range(n):
+        for key in (i, ("s", i), f"k{i}"):
+            content[key] = i
+    store.put_many(content.items())
+    return content
+
+
+# ------------------------------------------------------------------ tables
+
+
+def test_same_key_in_two_tables_is_two_entries(tmp_path):
+    store = RocksDBStore(tmp_path / "db")
+    try:
+        timers = store.table("timers")
+        store.put(("k", 1), "state")
+        timers.put(("k", 1), "timer")
+        assert store.get(("k", 1)) == "state"
+        assert timers.get(("k", 1)) == "timer"
+        assert list(store.items()) == [(("k", 1), "state")]
+        assert list(timers.items()) == [(("k", 1), "timer")]
+    finally:
+        store.close()
+
+
+def test_a_closed_store_releases_its_lock(tmp_path):
+    """close() must release the RocksDB LOCK at once, even while the closed object is still referenced."""
+    path = tmp_path / "db"
+    store = RocksDBStore(path)
+    store.put(1, "a")
+    store.close()
+    reopened = RocksDBStore(path)  # `store` is still alive here, as in any caller that keeps its reference
+    try:
+        assert reopened.get(1) == "a"
+    finally:
+        reopened.close()
+
+
+def test_tables_survive_close_and_reopen(tmp_path):
+    path = tmp_path / "db"
+    store = RocksDBStore(path)
+    store.put("k", "default")
+    store.table("timers").put("k", "timer")
+    store.table("pending").put(("p", 1), [1, 2])
+    store.close()
+    del store  # reopening must not hinge on close() releasing the LOCK while the object lives:
+    gc.collect()  # that is test_a_closed_store_releases_its_lock's job
+    reopened = RocksDBStore(path)
+    try:
+        assert set(reopened.tables()) >= {"default", "timers", "pending"}
+        assert reopened.get("k") == "default"
+        assert reopened.table("timers").get("k") == "timer"
+        assert reopened.table("pending").get(("p", 1)) == [1, 2]
+    finally:
+        reopened.close()
+
+
+def test_every_key_spelling_survives_close_and_reopen(tmp_path):
+    path = tmp_path / "db"
+    store = RocksDBStore(path)
+    model = {}
+    for i, (key, identity) in enumerate(KEY_POOL):
+        store.put(key, i)
+        model[identity] = i
+    store.close()
+    del store  # reopening must not hinge on close() releasing the LOCK while the object lives:
+    gc.collect()  # that is test_a_closed_store_releases_its_lock's job
+    reopened = RocksDBStore(path)
+    try:
+        assert typed_items(reopened.items()) == expected_items(model)
+        for key, identity in KEY_POOL:
+            assert reopened.get(key) == model[identity]
+    finally:
+        reopened.close()
+
+
+def test_flush_makes_writes_durable_without_a_wal(tmp_path):
+    """With the WAL off (the default), close() flushes every table so nothing is lost."""
+    path = tmp_path / "db"
+    store = RocksDBStore(path, wal=False)
+    store.put_many((i, i * i) for i in range(100))
+    store.table("t").put("x", 1)
+    store.close()
+    del store  # reopening must not hinge on close() releasing the LOCK while the object lives:
+    gc.collect()  # that is test_a_closed_store_releases_its_lock's job
+    reopened = RocksDBStore(path)
+    try:
+        assert dict(reopened.items()) == {(i,): i * i for i in range(100)}
+        assert reopened.table("t").get("x") == 1
+    finally:
+        reopened.close()
+
+
+# ------------------------------------------------------------------ key groups
+
+
+@pytest.mark.parametrize("key_types", [None, ["long"], ["int"]], ids=["inferred", "long", "int"])
+def test_raw_keys_start_with_the_key_group_and_scan_in_key_group_order(tmp_path, key_types):
+    store = RocksDBStore(tmp_path / "db", max_parallelism=MAX_P, key_types=key_types)
+    try:
+        store.put_many((i, i) for i in range(200))
+        raw_groups = [store.key_group_of_raw(raw) for raw, _ in store.iter_raw()]
+        assert sorted(raw_groups) == sorted(store.key_group(k) for k in range(200))
+        assert raw_groups == sorted(raw_groups)
+        assert [store.key_group(k) for k, _ in store.items()] == raw_groups
+    finally:
+        store.close()
+
+
+def test_key_types_int_and_long_give_different_key_groups(tmp_path):
+    as_long = RocksDBStore(tmp_path / "a", key_types=["long"])
+    as_int = RocksDBStore(tmp_path / "b", key_types=["int"])
+    try:
+        assert [as_long.key_group(k) for k in range(50)] != [as_int.key_group(k) for k in range(50)]
+    finally:
+        as_long.close()
+        as_int.close()
+
+
+@hsettings(max_examples=15)
+@given(bounds=st.tuples(st.integers(0, MAX_P), st.integers(0, MAX_P)).map(sorted))
+def test_items_of_a_key_group_range_are_exactly_its_keys(tmp_path_factory, bounds):
+    start, stop = bounds
+    store = RocksDBStore(tmp_path_factory.mktemp("db"), max_parallelism=MAX_P)
+    try:
+        content = _fill(store, 100)
+        wanted = range(start, stop)
+        expected = {repr(store.key_group(k)) + repr(k): v for k, v in content.items() if store.key_group(k) in wanted}
+        got = list(store.items(key_groups=wanted))
+        got_by_key = {}
+        for key, value in got:
+            user_key = key[0] if len(key) == 1 else key
+            got_by_key[repr(store.key_group(key)) + repr(user_key)] = value
+        assert len(got) == len(got_by_key)
+        assert got_by_key == expected
+    finally:
+        store.close()
+
+
+@hsettings(max_examples=15)
+@given(bounds=st.tuples(st.integers(0, MAX_P), st.integers(0, MAX_P)).map(sorted))
+def test_delete_key_groups_deletes_exactly_those_key_groups(tmp_path_factory, bounds):
+    start, stop = bounds
+    store = RocksDBStore(tmp_path_factory.mktemp("db"), max_parallelism=MAX_P)
+    try:
+        content = _fill(store, 100)
+        other = store.table("other")
+        other.put_many(content.items())
+        doomed = range(start, stop)
+        store.delete_key_groups(doomed)
+        for key, value in content.items():
+            if store.key_group(key) in doomed:
+                assert key not in store, key
+            else:
+                assert store.get(key) == value, key
+        survivors = sum(1 for k in content if store.key_group(k) not in doomed)
+        assert len(list(store.items())) == survivors
+        assert len(list(other.items())) == len(content)  # another table is untouched
+    finally:
+        store.close()
+
+
+def test_key_group_range_must_be_a_step_one_range_inside_max_parallelism(tmp_path):
+    store = RocksDBStore(tmp_path / "db", max_parallelism=MAX_P)
+    try:
+        with pytest.raises(TypeError):
+            list(store.items(key_groups=range(0, MAX_P, 2)))
+        with pytest.raises(TypeError):
+            store.delete_key_groups([0, 1])  # type: ignore[arg-type]
+        with pytest.raises(ValueError):
+            list(store.items(key_groups=range(0, MAX_P + 1)))
+        with pytest.raises(ValueError):
+            store.delete_key_groups(range(-1, 2))
+    finally:
+        store.close()
+
+
+def test_raw_pairs_restore_into_another_store(tmp_path):
+    source = RocksDBStore(tmp_path / "a", max_parallelism=MAX_P)
+    target = RocksDBStore(tmp_path / "b", max_parallelism=MAX_P)
+    try:
+        content = _fill(source, 50)
+        target.write_raw(source.iter_raw(range(0, MAX_P // 2)))
+        target.write_raw(source.iter_raw(range(MAX_P // 2, MAX_P)))
+        for key, value in content.items():
+            assert target.get(key) == value
+    finally:
+        source.close()
+        target.close()
+
+
+# ------------------------------------------------------------------ lifecycle and lock
+
+
+def test_operations_after_close_raise_store_closed_error(tmp_path):
+    store = RocksDBStore(tmp_path / "db")
+    timers = store.table("timers")
+    store.put(1, "a")
+    store.close()
+    for target in (store, timers):
+        for call in (
+            lambda: target.get(1),
+            lambda: target.put(1, "b"),
+            lambda: target.delete(1),
+            lambda: 1 in target,
+            lambda: target.get_many([1, 2]),
+            lambda: target.put_many([(1, "b")]),
+            lambda: list(target.items()),
+            lambda: list(target.items(key_groups=range(0, 4))),
+            lambda: target.delete_key_groups(range(0, 4)),
+            lambda: target.flush(),
+            lambda: target.table("x"),
+        ):
+            with pytest.raises(StoreClosedError):
+                call()
+    assert store.closed
+
+
+def test_a_second_open_in_the_same_process_raises_store_locked_error(tmp_path):
+    path = tmp_path / "db"
+    store = RocksDBStore(path)
+    try:
+        with pytest.raises(StoreLockedError) as info:
+            RocksDBStore(path)
+        assert str(path) in str(info.value)
+        store.put(1, "still works")
+        assert store.get(1) == "still works"
+    finally:
+        store.close()
+
+
+_SECOND_PROCESS = textwrap.dedent(
+    """
+    import sys
+    from state import RocksDBStore, StoreLockedError
+    try:
+        RocksDBStore(sys.argv[1])
+    except StoreLockedError as exc:
+        print("LOCKED:" + str(exc))
+        sys.exit(0)
+    print("OPENED")
+    sys.exit(1)
+    """
+)
+
+
+def test_a_second_process_gets_store_locked_error_naming_the_path(tmp_path):
+    path = tmp_path / "db"
+    store = RocksDBStore(path)
+    try:
+        store.put("before", 1)
+        out = subprocess.run(
+            [sys.executable, "-c", _SECOND_PROCESS, str(path)], capture_output=True, text=True, timeout=60
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert out.stdout.startswith("LOCKED:")
+        assert str(path) in out.stdout
+        # The first store keeps working after the other process failed.
+        store.put("after", 2)
+        assert store.get("before") == 1
+        assert store.get("after") == 2
+        assert dict(store.items()) == {("before",): 1, ("after",): 2}
+    finally:
+        store.close()
+
+
+def test_numpy_values_round_trip(tmp_path):
+    store = RocksDBStore(tmp_path / "db")
+    try:
+        store.put(1, np.arange(5))
+        assert np.array_equal(store.get(1), np.arange(5))
+    finally:
+        store.close()
+
+
+def test_invalid_options_raise_value_error(tmp_path):
+    with pytest.raises(ValueError):
+        RocksDBStore(tmp_path / "a", block_cache_bytes=0)
+    with pytest.raises(ValueError):
+        RocksDBStore(tmp_path / "b", bloom_bits_per_key=-1)
+    with pytest.raises(ValueError):
+        RocksDBStore(tmp_path / "c", max_parallelism=0)

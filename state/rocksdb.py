@@ -165,6 +165,7 @@ class RocksDBStore(Store):
         _database.tables[table] = self
         self._prefixes = [_kg_prefix(g) for g in range(self.max_parallelism)]
         self._single_long = self.key_types is None or self.key_types in (("long",), ("bigint",))
+        self._changed: set[bytes] | None = None
 
     # ------------------------------------------------------------ key bytes
     def _encode(self, nkey: NormalizedKey) -> bytes:
@@ -203,11 +204,15 @@ class RocksDBStore(Store):
         put = batch.put
         delete = batch.delete
         encode = self._encode
+        changed = self._changed
         for nkey, raw in items:
+            raw_key = encode(nkey)
             if raw is None:
-                delete(encode(nkey))
+                delete(raw_key)
             else:
-                put(encode(nkey), raw)
+                put(raw_key, raw)
+            if changed is not None:
+                changed.add(raw_key)
         if batch.len():
             self._cf.write(batch)
 
@@ -222,10 +227,34 @@ class RocksDBStore(Store):
         return default if raw is None else self.serializer.loads(raw)
 
     def put(self, key: Any, value: Any) -> None:
-        self._cf.put(self._encode(normalize_key(key)), self.serializer.dumps(value))
+        raw_key = self._encode(normalize_key(key))
+        self._cf.put(raw_key, self.serializer.dumps(value))
+        if self._changed is not None:
+            self._changed.add(raw_key)
 
     def delete(self, key: Any) -> None:
-        self._cf.delete(self._encode(normalize_key(key)))
+        raw_key = self._encode(normalize_key(key))
+        self._cf.delete(raw_key)
+        if self._changed is not None:
+            self._changed.add(raw_key)
+
+    # ------------------------------------------------------------ change tracking (incremental checkpoints)
+    def track_changes(self, enabled: bool = True) -> None:
+        """Record the raw keys written or deleted from now on (for delta checkpoints)."""
+        self._changed = set() if enabled else None
+
+    def drain_changes(self) -> set[bytes]:
+        """The raw keys written or deleted since tracking started or the last drain; resets the set."""
+        if self._changed is None:
+            raise StoreError(f"{self!r} does not track changes; call track_changes() first")
+        changed, self._changed = self._changed, set()
+        return changed
+
+    def get_raw_many(self, raw_keys: Sequence[bytes]) -> list[bytes | None]:
+        """Raw values of raw keys (None where absent), in one multi-get."""
+        if not raw_keys:
+            return []
+        return self._cf.get(list(raw_keys))
 
     def __contains__(self, key: Any) -> bool:
         return self._cf.get(self._encode(normalize_key(key))) is not None
@@ -272,13 +301,20 @@ class RocksDBStore(Store):
         """The key group stored in front of a raw RocksDB key."""
         return int.from_bytes(raw_key[:_KG_BYTES], "big")
 
-    def write_raw(self, pairs: Iterable[tuple[bytes, bytes]]) -> None:
-        """Write raw ``(key bytes, value bytes)`` pairs in one write batch (restore path)."""
+    def write_raw(self, pairs: Iterable[tuple[bytes, bytes | None]]) -> None:
+        """Write raw ``(key bytes, value bytes or None to delete)`` pairs in one write batch (restore path).
+
+        Restores are not recorded as changes: they bring back what a checkpoint already holds.
+        """
         batch = WriteBatch(raw_mode=True)
         batch.set_default_column_family(self._handle)
         put = batch.put
+        delete = batch.delete
         for raw_key, raw_value in pairs:
-            put(raw_key, raw_value)
+            if raw_value is None:
+                delete(raw_key)
+            else:
+                put(raw_key, raw_value)
         if batch.len():
             self._cf.write(batch)
 

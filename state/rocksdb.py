@@ -21,13 +21,23 @@ from rocksdict import BlockBasedOptions, Cache, Options, Rdict, ReadOptions, Wri
 
 from .base import MISSING, Store, StoreClosedError, StoreError, StoreLockedError
 from .keygroups import DEFAULT_MAX_PARALLELISM
-from .keys import NormalizedKey, decode_key, encode_key, normalize_key, spark_hash
+from .keys import NormalizedKey, decode_key, encode_key, normalize_key, spark_hash, spark_hash_longs
 from .serializers import Serializer
 
 _pack_le_q = struct.Struct("<q").pack
 _pack_be_q = struct.Struct(">q").pack
 _xxh = xxhash.xxh64_intdigest
 _KG_BYTES = 2
+
+
+def _int_key_record() -> "Any":
+    import numpy as np
+
+    return np.dtype([("kg", ">u2"), ("tag", "u1"), ("key", ">i8")])
+
+
+#: Layout of a one-column long key in RocksDB: key group, element tag, big-endian long.
+_INT_KEY_RECORD = _int_key_record()
 
 
 def _kg_prefix(key_group: int) -> bytes:
@@ -178,6 +188,23 @@ class RocksDBStore(Store):
         h = spark_hash(nkey, self.key_types)
         return self._prefixes[h % self.max_parallelism] + encode_key(nkey)
 
+    def _encode_many(self, nkeys: Sequence[NormalizedKey]) -> list[bytes]:
+        """Raw keys of many normalized keys; one-column long keys are hashed and packed with numpy."""
+        n = len(nkeys)
+        if n >= 32 and self._single_long and all(type(k) is int for k in nkeys):
+            import numpy as np
+
+            values = np.fromiter(nkeys, dtype=np.int64, count=n)
+            records = np.empty(n, dtype=_INT_KEY_RECORD)
+            records["kg"] = spark_hash_longs(values) % self.max_parallelism
+            records["tag"] = 1
+            records["key"] = values
+            packed = records.tobytes()
+            width = _INT_KEY_RECORD.itemsize
+            return [packed[i : i + width] for i in range(0, n * width, width)]
+        encode = self._encode
+        return [encode(k) for k in nkeys]
+
     def _decode(self, raw: bytes) -> NormalizedKey:
         return decode_key(raw, _KG_BYTES)
 
@@ -189,8 +216,7 @@ class RocksDBStore(Store):
     def _load_many(self, nkeys: Sequence[NormalizedKey]) -> list[Any]:
         if not nkeys:
             return []
-        encode = self._encode
-        raws = self._cf.get([encode(k) for k in nkeys])
+        raws = self._cf.get(self._encode_many(nkeys))
         loads = self.serializer.loads
         return [MISSING if raw is None else loads(raw) for raw in raws]
 
@@ -203,10 +229,10 @@ class RocksDBStore(Store):
         batch.set_default_column_family(self._handle)
         put = batch.put
         delete = batch.delete
-        encode = self._encode
         changed = self._changed
-        for nkey, raw in items:
-            raw_key = encode(nkey)
+        items = items if isinstance(items, list) else list(items)
+        raw_keys = self._encode_many([nkey for nkey, _ in items])
+        for raw_key, (_, raw) in zip(raw_keys, items):
             if raw is None:
                 delete(raw_key)
             else:

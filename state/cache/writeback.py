@@ -329,9 +329,10 @@ class WriteBackCache(Store):
 
     def _after_dirty(self, nkey: NormalizedKey) -> None:
         dirty = self._dirty
-        if nkey in dirty:
+        if nkey in dirty:  # it may have been evicted by its own insert
             dirty.move_to_end(nkey)  # type: ignore[attr-defined]
-        self._bound_dirty()
+        if self._draining or len(dirty) > self._high_n:
+            self._bound_dirty()
 
     def _bound_dirty(self) -> None:
         dirty_count = len(self._dirty)
@@ -424,8 +425,16 @@ class WriteBackCache(Store):
             pending.clear()  # only after the backend took them
 
     # ------------------------------------------------------------ flush, iteration, lifecycle
-    def flush(self) -> None:
-        """Write every dirty entry (one write batch) and flush the backend."""
+    def flush(self, durable: bool = False) -> None:
+        """Write every dirty entry to the backend in one write batch; return when the backend holds them.
+
+        This is the synchronous part of a checkpoint: afterwards the backend
+        answers every read as the cache does. The entries are as durable as the
+        backend makes a write (RocksDB: in the memtable, and in the WAL if
+        enabled). ``durable=True`` also asks the backend to persist
+        (``backend.flush()``: RocksDB writes its memtables to SST files);
+        ``close()`` always does.
+        """
         dirty = self._dirty
         if dirty:
             data = self._data
@@ -451,7 +460,8 @@ class WriteBackCache(Store):
             dirty.clear()
         self._write_out()
         self._draining = False
-        self._backend.flush()
+        if durable:
+            self._backend.flush()
 
     def _load(self, nkey: NormalizedKey) -> Any:
         return self._data[nkey] if nkey in self._data else self._miss(nkey)
@@ -530,7 +540,7 @@ class WriteBackCache(Store):
         """Flush, detach from the manager, and close the backend."""
         if self._closed:
             return
-        self.flush()
+        self.flush(durable=True)
         self._closed = True
         if self._manager is not None:
             self._manager.unregister(self)

@@ -43,17 +43,22 @@ class MemoryStore(Store):
         self._registry[name] = self
         self._closed = False
 
-    # Hot paths skip normalize_key() for in-range int keys (the common case).
+    # Hot paths: a bare int or str is its own normalized key, and a stored key was
+    # validated when it was put, so only misses and new keys need normalize_key().
     def get(self, key: Any, default: Any = None) -> Any:
-        if type(key) is int and -9223372036854775808 <= key <= 9223372036854775807:
-            return self._data.get(key, default)
+        if type(key) is int or type(key) is str:
+            try:
+                return self._data[key]
+            except KeyError:
+                pass
         return self._data.get(normalize_key(key), default)
 
     def put(self, key: Any, value: Any) -> None:
-        if type(key) is int and -9223372036854775808 <= key <= 9223372036854775807:
-            self._data[key] = value
+        data = self._data
+        if (type(key) is int or type(key) is str) and key in data:
+            data[key] = value
         else:
-            self._data[normalize_key(key)] = value
+            data[normalize_key(key)] = value
 
     def __contains__(self, key: Any) -> bool:
         return normalize_key(key) in self._data

@@ -193,10 +193,21 @@ class WriteBackCache(Store):
 
     # ------------------------------------------------------------ reads
     def get(self, key: Any, default: Any = None) -> Any:
-        if type(key) is int and -9223372036854775808 <= key <= 9223372036854775807:
-            nkey: NormalizedKey = key
-        else:
-            nkey = normalize_key(key)
+        # Hot path: a bare int or str is its own normalized key, and a key in the
+        # cache was validated when it entered, so a hit needs no normalization.
+        if type(key) is int or type(key) is str:
+            try:
+                value = self._data[key]
+            except KeyError:
+                return self._get_normalized(normalize_key(key), default)
+            self._touch(key)
+            self._hits += 1
+            if self._draining:
+                self._sync(self._sync_step)
+            return default if value is MISSING else value
+        return self._get_normalized(normalize_key(key), default)
+
+    def _get_normalized(self, nkey: NormalizedKey, default: Any) -> Any:
         value = self._data_get(nkey, _NOT_CACHED)
         if value is _NOT_CACHED:
             value = self._miss(nkey)
@@ -270,10 +281,18 @@ class WriteBackCache(Store):
 
     # ------------------------------------------------------------ writes
     def put(self, key: Any, value: Any) -> None:
-        if type(key) is int and -9223372036854775808 <= key <= 9223372036854775807:
-            nkey: NormalizedKey = key
-        else:
-            nkey = normalize_key(key)
+        if type(key) is int or type(key) is str:
+            data = self._data
+            if key in data:  # validated when it entered
+                self._touch(key)
+                data[key] = value
+                self._dirty[key] = None
+                if self._after_put:
+                    self._after_update(key, value)
+                return
+        self._put_normalized(normalize_key(key), value)
+
+    def _put_normalized(self, nkey: NormalizedKey, value: Any) -> None:
         data = self._data
         if nkey in data:
             self._touch(nkey)
@@ -310,7 +329,7 @@ class WriteBackCache(Store):
     def put_many(self, pairs: Iterable[tuple[Any, Any]]) -> None:
         """Put each pair; every key is validated before anything is written."""
         checked = [(normalize_key(k), v) for k, v in pairs]
-        put = self.put
+        put = self._put_normalized
         for nkey, value in checked:
             put(nkey, value)
 

@@ -1,0 +1,86 @@
+"""Deltas on top of snapshots, and compaction of delta chains."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from checkpoint import DELTA, SNAPSHOT, CheckpointStorage, restore
+
+from .helpers import TABLES, checkpoint_version, close_tables, content, hsettings, open_tables, restored_content
+
+MAX_P = 8  # few key groups: long chains and many changes per key group
+
+KEYS = st.one_of(st.integers(0, 30), st.tuples(st.just("u"), st.integers(0, 10)))
+OP = st.tuples(st.sampled_from(TABLES), st.sampled_from(["put", "put", "delete"]), KEYS, st.integers(0, 1000))
+VERSIONS = st.lists(st.lists(OP, max_size=25), min_size=1, max_size=5)
+
+
+@hsettings(max_examples=10)
+@given(VERSIONS, st.integers(2, 4), st.sampled_from([(1, "sst"), (2048, "sst"), (1, "records")]))
+def test_chain_of_deltas_restores_the_same_state_as_a_full_snapshot(versions, max_chain, encoding):
+    sst_min_entries, snapshot_encoding = encoding
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        chained = CheckpointStorage(root / "chained")
+        tables = open_tables(root / "src", max_parallelism=MAX_P, track=True)
+        target = open_tables(root / "target", max_parallelism=MAX_P)  # restored into again and again
+        try:
+            expected: dict[str, dict] = {name: {} for name in TABLES}
+            for version, ops in enumerate(versions, start=1):
+                for table, op, key, value in ops:
+                    if op == "put":
+                        tables[table].put(key, value)
+                        expected[table][key] = value
+                    else:
+                        tables[table].delete(key)
+                        expected[table].pop(key, None)
+                manifest = checkpoint_version(chained, version, tables, max_chain=max_chain, max_delta_ratio=100.0,
+                                              snapshot_encoding=snapshot_encoding, sst_min_entries=sst_min_entries)
+                assert max((len(c) for c in manifest.chains.values()), default=0) <= max_chain
+                restore(chained, version, range(MAX_P), target)
+                assert content(target) == content(tables)
+            got = {name: {k if len(k) > 1 else k[0]: v for k, v in target[name].items()} for name in TABLES}
+            assert got == expected
+            full = CheckpointStorage(root / "full")
+            checkpoint_version(full, 1, tables, full=True)
+            assert restored_content(full, 1, root / "full-db", max_parallelism=MAX_P) == content(tables)
+        finally:
+            close_tables(target)
+            close_tables(tables)
+
+
+def _churn(tables, version, keys_per_version=60):
+    for i in range(keys_per_version):
+        tables["state"].put(("k", (version * 7 + i) % 200), version)
+    tables["timers"].put((version,), [version])
+
+
+def test_compaction_bounds_chain_length_and_keeps_state(storage, make_tables, tmp_path):
+    tables = make_tables(max_parallelism=16, track=True)
+    tables["state"].put_many((("k", i), 0) for i in range(200))
+    for version in range(1, 16):
+        if version > 1:
+            _churn(tables, version)
+        manifest = checkpoint_version(storage, version, tables, max_chain=3, max_delta_ratio=100.0)
+        assert max(len(c) for c in manifest.chains.values()) <= 3
+        assert all(c[0].kind == SNAPSHOT and all(r.kind == DELTA for r in c[1:]) for c in manifest.chains.values())
+    assert restored_content(storage, 15, tmp_path / "restored", max_parallelism=16) == content(tables)
+
+
+def test_compaction_bounds_delta_bytes_by_ratio_of_snapshot(storage, make_tables, tmp_path):
+    tables = make_tables(max_parallelism=16, track=True)
+    tables["state"].put_many((("k", i), "v" * 50) for i in range(400))
+    snapshots_seen = 0
+    for version in range(1, 12):
+        if version > 1:
+            tables["state"].put_many((("k", (version * 13 + i) % 400), "w" * 50) for i in range(40))
+        manifest = checkpoint_version(storage, version, tables, max_chain=100, max_delta_ratio=0.25)
+        for chain in manifest.chains.values():
+            assert sum(r.length for r in chain[1:]) <= 0.25 * chain[0].length
+        snapshots_seen += sum(t["snapshots"] for t in manifest.tasks) if version > 1 else 0
+    assert snapshots_seen > 0  # the ratio did trigger compactions
+    assert restored_content(storage, 11, tmp_path / "restored", max_parallelism=16) == content(tables)

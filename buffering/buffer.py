@@ -1,0 +1,233 @@
+"""The mini-batch buffer: rows (or one partial per key) waiting for a count, size or time trigger.
+
+Per-row work is vectorized: an incoming frame is factorized on its key
+columns once, only its unique keys are normalized in Python, and rows are
+kept as whole frames plus an integer key code per row. A flush groups the
+rows by key with one stable sort, so the rows of a key keep arrival order.
+With a mapping combiner the buffer keeps one accumulator per key instead of
+rows (memory O(keys)); with a callable combiner, one combined frame per key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional
+
+import numpy as np
+import pandas as pd
+
+from state.keys import NormalizedKey, normalize_key
+
+from .aggregations import Aggregations
+from .decorators import MiniBatchConfig
+
+
+def factorize_keys(df: pd.DataFrame, key_columns: list[str]) -> tuple[np.ndarray, list[NormalizedKey]]:
+    """Per-row codes into a list of normalized unique keys (first-appearance order)."""
+    if len(key_columns) == 1:
+        codes, uniques = pd.factorize(df[key_columns[0]], sort=False, use_na_sentinel=True)
+        if (codes < 0).any():
+            raise ValueError(f"key column {key_columns[0]!r} holds null values; keys cannot be null")
+        return codes.astype(np.int64, copy=False), [normalize_key(u) for u in uniques.tolist()]
+    grouped = df.groupby(key_columns, sort=False, dropna=False)
+    codes = grouped.ngroup().to_numpy(dtype=np.int64)
+    first_rows = grouped.head(1)[key_columns]
+    uniques = [normalize_key(tuple(row)) for row in first_rows.itertuples(index=False, name=None)]
+    return codes, uniques
+
+
+@dataclass
+class _Chunk:
+    frame: pd.DataFrame
+    codes: np.ndarray  # global key ids (into MiniBatchBuffer._keys)
+
+
+class MiniBatchBuffer:
+    """Buffered input of one operator instance, flushed as a whole when a trigger fires."""
+
+    def __init__(self, key_columns: list[str], config: Optional[MiniBatchConfig]) -> None:
+        self.key_columns = list(key_columns)
+        self.config = config
+        self.aggregations: Optional[Aggregations] = config.aggregations if config is not None else None
+        self.combine_fn: Optional[Callable[[pd.DataFrame], pd.DataFrame]] = (
+            config.combine if config is not None and callable(config.combine) else None  # type: ignore[assignment]
+        )
+        self.rows = 0
+        self.bytes = 0
+        self.oldest_ms: Optional[int] = None
+        self.flushes = 0
+        self._keys: dict[NormalizedKey, int] = {}  # key -> id, in first-arrival order
+        self._arrival: dict[NormalizedKey, int] = {}
+        self._key_rows: dict[NormalizedKey, int] = {}  # rows per key (the count trigger survives restores)
+        self._chunks: list[_Chunk] = []
+        self._partials: dict[NormalizedKey, Any] = {}  # combine mode: key -> accumulator / frame
+
+    # ------------------------------------------------------------ triggers
+    @property
+    def combined(self) -> bool:
+        return self.aggregations is not None or self.combine_fn is not None
+
+    def room(self) -> Optional[int]:
+        """Rows that fit before the count trigger fires (None: no count trigger)."""
+        if self.config is None or self.config.max_rows is None:
+            return None
+        return max(1, self.config.max_rows - self.rows)
+
+    def should_flush(self, now_ms: int) -> bool:
+        config = self.config
+        if not self.rows and not self._partials:
+            return False
+        if config is None:
+            return True  # no mini-batch: every batch is flushed at once
+        if config.max_rows is not None and self.rows >= config.max_rows:
+            return True
+        if config.max_bytes is not None and self.bytes >= config.max_bytes:
+            return True
+        if config.max_delay_ms is not None and self.oldest_ms is not None:
+            return now_ms - self.oldest_ms >= config.max_delay_ms
+        return False
+
+    def __len__(self) -> int:
+        """Keys pending."""
+        return len(self._keys)
+
+    # ------------------------------------------------------------ adding
+    def add(self, frame: pd.DataFrame, arrival_ms: int) -> None:
+        """Buffer ``frame`` (arrived at ``arrival_ms``); rows keep their order per key."""
+        if not len(frame):
+            return
+        codes, uniques = factorize_keys(frame, self.key_columns)
+        ids = np.empty(len(uniques), dtype=np.int64)
+        counts = np.bincount(codes, minlength=len(uniques)).tolist()
+        keys = self._keys
+        key_rows = self._key_rows
+        for i, nkey in enumerate(uniques):
+            kid = keys.get(nkey)
+            if kid is None:
+                kid = keys[nkey] = len(keys)
+                self._arrival[nkey] = arrival_ms
+                key_rows[nkey] = 0
+            key_rows[nkey] += counts[i]
+            ids[i] = kid
+        if self.oldest_ms is None:
+            self.oldest_ms = arrival_ms
+        self.rows += len(frame)
+        if self.config is not None and self.config.max_bytes is not None:
+            self.bytes += int(frame.memory_usage(index=False, deep=False).sum())
+        if self.aggregations is not None:
+            partials = self.aggregations.partials(frame, self.key_columns)
+            for nkey, (_, accumulator) in zip(uniques, self.aggregations.rows(partials)):
+                previous = self._partials.get(nkey)
+                self._partials[nkey] = accumulator if previous is None else self.aggregations.merge(previous, accumulator)
+        elif self.combine_fn is not None:
+            order = np.argsort(codes, kind="stable")
+            sorted_codes = codes[order]
+            bounds = np.flatnonzero(np.diff(sorted_codes)) + 1
+            starts = np.concatenate(([0], bounds))
+            ends = np.concatenate((bounds, [len(codes)]))
+            taken = frame.take(order)
+            for start, end in zip(starts, ends):
+                nkey = uniques[sorted_codes[start]]
+                rows = taken.iloc[start:end]
+                previous = self._partials.get(nkey)
+                rows = rows if previous is None else pd.concat([previous, rows], ignore_index=True)
+                self._partials[nkey] = self.combine_fn(rows.reset_index(drop=True))
+        else:
+            self._chunks.append(_Chunk(frame.reset_index(drop=True), ids[codes]))
+
+    # ------------------------------------------------------------ draining
+    def drain(self) -> Iterator[tuple[NormalizedKey, pd.DataFrame]]:
+        """Every pending key with its rows (or one combined row), keys in first-arrival order; empties the buffer."""
+        keys = list(self._keys)
+        partials = self._partials
+        chunks = self._chunks
+        self._reset()
+        self.flushes += 1
+        if self.aggregations is not None:
+            for nkey in keys:
+                yield nkey, pd.DataFrame({name: [value] for name, value in partials[nkey].items()})
+            return
+        if self.combine_fn is not None:
+            for nkey in keys:
+                yield nkey, partials[nkey]
+            return
+        if not chunks:
+            return
+        yield from _grouped(chunks, keys)
+
+    def drain_accumulators(self) -> tuple[list[NormalizedKey], list[Any]]:
+        """Combine mode with aggregations: pending keys and their accumulators; empties the buffer."""
+        assert self.aggregations is not None
+        keys = list(self._keys)
+        partials = self._partials
+        self._reset()
+        self.flushes += 1
+        return keys, [partials[k] for k in keys]
+
+    def _reset(self) -> None:
+        self._keys = {}
+        self._arrival = {}
+        self._key_rows = {}
+        self._chunks = []
+        self._partials = {}
+        self.rows = 0
+        self.bytes = 0
+        self.oldest_ms = None
+
+    # ------------------------------------------------------------ checkpointing
+    def snapshot(self) -> dict[NormalizedKey, tuple[int, int, int, Any]]:
+        """What is pending, per key: ``(arrival order, arrival_ms, rows, payload)``; the buffer is unchanged.
+
+        The payload is the key's rows as ``{column: ndarray}``, its accumulator,
+        or its combined rows. Rows per key keep the count trigger exact after a restore.
+        """
+        out: dict[NormalizedKey, tuple[int, int, int, Any]] = {}
+        if self.combined:
+            for nkey, kid in self._keys.items():
+                value = self._partials[nkey]
+                if isinstance(value, pd.DataFrame):
+                    value = _columns(value)
+                out[nkey] = (kid, self._arrival[nkey], self._key_rows[nkey], value)
+            return out
+        if self._chunks:
+            for nkey, rows in _grouped(self._chunks, list(self._keys)):
+                out[nkey] = (self._keys[nkey], self._arrival[nkey], self._key_rows[nkey], _columns(rows))
+        return out
+
+    def restore(self, pending: Iterator[tuple[NormalizedKey, tuple[int, int, int, Any]]]) -> None:
+        """Refill the buffer from snapshots (after a restore), in the original arrival order."""
+        self._reset()
+        for nkey, (_, arrival_ms, rows, value) in sorted(pending, key=lambda item: (item[1][1], item[1][0])):
+            self._keys[nkey] = len(self._keys)
+            self._arrival[nkey] = arrival_ms
+            self._key_rows[nkey] = rows
+            self.rows += rows
+            self.oldest_ms = arrival_ms if self.oldest_ms is None else min(self.oldest_ms, arrival_ms)
+            if self.aggregations is not None:
+                self._partials[nkey] = value
+                continue
+            frame = pd.DataFrame(value)
+            if self.config is not None and self.config.max_bytes is not None:
+                self.bytes += int(frame.memory_usage(index=False, deep=False).sum())
+            if self.combine_fn is not None:
+                self._partials[nkey] = frame
+            else:
+                self._chunks.append(_Chunk(frame, np.full(len(frame), self._keys[nkey], dtype=np.int64)))
+
+
+def _grouped(chunks: list[_Chunk], keys: list[NormalizedKey]) -> Iterator[tuple[NormalizedKey, pd.DataFrame]]:
+    """Rows of the chunks grouped by key id (``keys[id]``), ids ascending, arrival order within a key."""
+    frame = chunks[0].frame if len(chunks) == 1 else pd.concat([c.frame for c in chunks], ignore_index=True)
+    codes = chunks[0].codes if len(chunks) == 1 else np.concatenate([c.codes for c in chunks])
+    order = np.argsort(codes, kind="stable")  # stable: arrival order within a key
+    sorted_codes = codes[order]
+    bounds = np.flatnonzero(np.diff(sorted_codes)) + 1
+    starts = np.concatenate(([0], bounds)).tolist()
+    ends = np.concatenate((bounds, [len(codes)])).tolist()
+    taken = frame.take(order).reset_index(drop=True)
+    for start, end in zip(starts, ends):
+        yield keys[sorted_codes[start]], taken.iloc[start:end]
+
+
+def _columns(frame: pd.DataFrame) -> dict[str, np.ndarray]:
+    return {column: frame[column].to_numpy() for column in frame.columns}

@@ -1,0 +1,242 @@
+"""Decorators that configure an operator around an ``applyInPandasWithState``-shaped function.
+
+``@mini_batch(...)`` and ``@cached_state(...)`` stack in any order. Each
+returns a function that Spark's ``applyInPandasWithState`` still accepts
+(same signature; a combiner, if set, is applied to the key's rows inside the
+call) and records its configuration in ``fn.__opbuffer__`` (an
+:class:`OperatorSpec`), which the runners read.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping, Optional, Union
+
+import pandas as pd
+
+from .aggregations import Aggregation, Aggregations
+
+UserFunction = Callable[[tuple, Iterator[pd.DataFrame], Any], Iterator[pd.DataFrame]]
+Combiner = Union[Mapping[str, Aggregation], Callable[[pd.DataFrame], pd.DataFrame]]
+
+_STORES = ("memory", "rocksdb")
+
+
+def _positive_or_none(name: str, value: Any, kind: type = int) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int) or value <= 0:
+        raise ValueError(f"{name} must be a positive {kind.__name__} or None, got {value!r}")
+
+
+@dataclass(frozen=True)
+class MiniBatchConfig:
+    """When buffered rows are handed to the function, and how they are combined first."""
+
+    max_rows: Optional[int] = None
+    max_bytes: Optional[int] = None
+    max_delay_ms: Optional[int] = None
+    combine: Optional[Combiner] = None
+
+    def __post_init__(self) -> None:
+        _positive_or_none("max_rows", self.max_rows)
+        _positive_or_none("max_bytes", self.max_bytes)
+        _positive_or_none("max_delay_ms", self.max_delay_ms, float)
+        if self.combine is not None and not callable(self.combine):
+            if not isinstance(self.combine, Mapping) or not self.combine:
+                raise TypeError(
+                    f"combine must be a non-empty mapping {{output_column: Aggregation}} or a callable pdf -> pdf, "
+                    f"got {self.combine!r}"
+                )
+            for name, agg in self.combine.items():
+                if not isinstance(name, str) or not isinstance(agg, Aggregation):
+                    raise TypeError(f"combine entry {name!r}: {agg!r} must map a column name to an Aggregation")
+
+    @property
+    def aggregations(self) -> Optional[Aggregations]:
+        if self.combine is None or callable(self.combine):
+            return None
+        return Aggregations(dict(self.combine))
+
+
+@dataclass(frozen=True)
+class StateConfig:
+    """Where and how the operator's state lives."""
+
+    max_entries: Optional[int] = None
+    max_bytes: Optional[int] = None
+    policy: str = "lru"
+    store: str = "memory"
+    path: Optional[str] = None
+    low_watermark: Optional[float] = None
+    high_watermark: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        _positive_or_none("max_entries", self.max_entries)
+        _positive_or_none("max_bytes", self.max_bytes)
+        if self.store not in _STORES:
+            raise ValueError(f"store must be one of {_STORES}, got {self.store!r}")
+        if self.path is not None and self.store != "rocksdb":
+            raise ValueError(f"path={self.path!r} needs store='rocksdb'")
+        from state.cache.policies import make_policy
+
+        make_policy(self.policy)  # raises on an unknown policy
+        if (self.low_watermark is None) != (self.high_watermark is None):
+            raise ValueError("give both low_watermark and high_watermark or neither")
+        if self.low_watermark is not None:
+            if not 0 < self.low_watermark < self.high_watermark <= 1:  # type: ignore[operator]
+                raise ValueError(
+                    f"need 0 < low_watermark < high_watermark <= 1, got {self.low_watermark!r}, {self.high_watermark!r}"
+                )
+            if self.max_entries is None and self.max_bytes is None:
+                raise ValueError("watermarks are fractions of the cache's capacity: set max_entries or max_bytes")
+
+    @property
+    def cached(self) -> bool:
+        return self.max_entries is not None or self.max_bytes is not None
+
+
+@dataclass(frozen=True)
+class OperatorSpec:
+    """Everything a runner needs to run a decorated function (introspectable: ``fn.__opbuffer__``)."""
+
+    function: Optional[UserFunction]
+    mini_batch: Optional[MiniBatchConfig] = None
+    state: StateConfig = field(default_factory=StateConfig)
+    #: Set by :func:`aggregate`: the accumulators are the state, the results are the output.
+    aggregations: Optional[Aggregations] = None
+
+    def replace(self, **changes: Any) -> "OperatorSpec":
+        return dataclasses.replace(self, **changes)
+
+
+def spec_of(fn: Any) -> OperatorSpec:
+    """The OperatorSpec of a decorated function, or a default one for a plain function."""
+    spec = getattr(fn, "__opbuffer__", None)
+    if isinstance(spec, OperatorSpec):
+        return spec
+    if not callable(fn):
+        raise TypeError(f"expected a function (key, rows, state) -> iterator of DataFrames, got {fn!r}")
+    return OperatorSpec(function=fn)
+
+
+def _combine_rows(config: MiniBatchConfig, frames: Iterator[pd.DataFrame], key_columns: list[str]) -> pd.DataFrame:
+    rows = pd.concat(list(frames), ignore_index=True) if frames is not None else pd.DataFrame()
+    if callable(config.combine):
+        return config.combine(rows)
+    aggs = config.aggregations
+    assert aggs is not None
+    partial = aggs.partial(rows)
+    return pd.DataFrame({name: [value] for name, value in partial.items()})
+
+
+def _wrap(fn: Any, spec: OperatorSpec) -> Callable[..., Iterator[pd.DataFrame]]:
+    inner = spec.function
+    if inner is None:
+        raise TypeError("this operator has no user function to call")
+    config = spec.mini_batch
+
+    @functools.wraps(inner)
+    def call(key: tuple, rows: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
+        # Called by Spark's applyInPandasWithState: Spark's state is the system of
+        # record; the only work done here is combining the key's rows first.
+        if config is not None and config.combine is not None and not getattr(state, "hasTimedOut", False):
+            combined = _combine_rows(config, rows, [])
+            return inner(key, iter([combined]), state)
+        return inner(key, rows, state)
+
+    call.__opbuffer__ = spec  # type: ignore[attr-defined]
+    return call
+
+
+def mini_batch(
+    max_rows: Optional[int] = None,
+    max_bytes: Optional[int] = None,
+    max_delay_ms: Optional[int] = None,
+    combine: Optional[Combiner] = None,
+) -> Callable[[Any], Any]:
+    """Buffer rows per key until a trigger fires, then call the function once per buffered key.
+
+    ``max_rows`` counts buffered rows of all keys together; ``max_bytes`` their
+    estimated size; ``max_delay_ms`` the age of the oldest pending row. With
+    ``combine`` ({output_column: Aggregation} or a callable pdf -> pdf) the
+    buffer keeps one partial per key and the function receives one combined row.
+    """
+    config = MiniBatchConfig(max_rows, max_bytes, max_delay_ms, combine)
+
+    def decorate(fn: Any) -> Any:
+        spec = spec_of(fn)
+        if spec.aggregations is not None:
+            if combine is not None:
+                raise ValueError("aggregate() operators combine with their own aggregations; drop combine=")
+            return _with_spec(fn, spec.replace(mini_batch=dataclasses.replace(config, combine=dict(spec.aggregations))))
+        return _with_spec(fn, spec.replace(mini_batch=config))
+
+    return decorate
+
+
+def cached_state(
+    max_entries: Optional[int] = None,
+    max_bytes: Optional[int] = None,
+    policy: str = "lru",
+    store: str = "memory",
+    path: Optional[str] = None,
+    low_watermark: Optional[float] = None,
+    high_watermark: Optional[float] = None,
+) -> Callable[[Any], Any]:
+    """Keep the operator's state in ``store`` ("memory" or "rocksdb") behind a bounded write-back cache.
+
+    With neither ``max_entries`` nor ``max_bytes`` there is no cache: state
+    goes straight to the store.
+    """
+    config = StateConfig(max_entries, max_bytes, policy, store, path, low_watermark, high_watermark)
+
+    def decorate(fn: Any) -> Any:
+        return _with_spec(fn, spec_of(fn).replace(state=config))
+
+    return decorate
+
+
+def _with_spec(fn: Any, spec: OperatorSpec) -> Any:
+    if isinstance(fn, AggregateOperator):
+        clone = copy.copy(fn)
+        clone.__opbuffer__ = spec
+        return clone
+    return _wrap(fn, spec)
+
+
+class AggregateOperator:
+    """A ready operator whose state is the accumulators of ``aggregations`` and whose output is their results.
+
+    Use it as a runner's ``fn``; stack ``mini_batch``/``cached_state`` on it like on a function.
+    """
+
+    def __init__(self, aggregations: Mapping[str, Aggregation]) -> None:
+        self.aggregations = Aggregations(dict(aggregations))
+        self.__opbuffer__ = OperatorSpec(
+            function=None,
+            mini_batch=MiniBatchConfig(combine=dict(aggregations)),
+            aggregations=self.aggregations,
+        )
+
+    def __call__(self, key: tuple, rows: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
+        """applyInPandasWithState form: state holds the accumulator (pickled in a one-field tuple)."""
+        import pickle
+
+        aggs = self.aggregations
+        accumulator = pickle.loads(state.get[0]) if state.exists else aggs.empty()
+        frames = [f for f in rows if len(f)]
+        if frames:
+            accumulator = aggs.merge(accumulator, aggs.partial(pd.concat(frames, ignore_index=True)))
+        state.update((pickle.dumps(accumulator, 5),))
+        yield pd.DataFrame({name: [value] for name, value in aggs.result(accumulator).items()})
+
+
+def aggregate(aggregations: Mapping[str, Aggregation]) -> AggregateOperator:
+    """A ready operator with no user function: ``{output_column: Aggregation}`` per key, fully vectorized."""
+    if not isinstance(aggregations, Mapping) or not aggregations:
+        raise TypeError(f"aggregate() needs a non-empty mapping {{output_column: Aggregation}}, got {aggregations!r}")
+    return AggregateOperator(aggregations)

@@ -196,3 +196,27 @@ def test_changes_outside_the_task_key_groups_are_refused(storage, make_tables):
     changes = {"state": tables["state"].drain_changes()}
     with pytest.raises(ValueError, match="outside"):
         CheckpointWriter(storage, key_groups=range(0, 64)).write(2, tables, changes, previous)
+
+
+def test_documented_task_cycle_restores_processes_writes_and_commits(storage, make_tables):
+    from state import key_group_range
+
+    reference = make_tables()
+    for batch in (1, 2, 3):
+        reports = []
+        for i in range(2):
+            tables = make_tables()
+            restored = restore(storage, None, key_group_range(i, 2), tables, before=batch)
+            for t in tables.values():
+                t.track_changes()
+            for k in range(batch * 40):
+                if tables["state"].key_group(("user", k)) in key_group_range(i, 2):
+                    tables["state"].put(("user", k), batch)
+                    reference["state"].put(("user", k), batch)
+            writer = CheckpointWriter(storage, key_groups=key_group_range(i, 2), task=i)
+            changes = {n: t.drain_changes() for n, t in tables.items()}
+            reports.append(writer.write(batch, tables, changes, restored.manifest).to_dict())
+        commit(storage, batch, reports, metadata={"batch": batch})
+    final = make_tables()
+    assert restore(storage, None, range(128), final).metadata == {"batch": 3}
+    assert content(final) == content(reference)

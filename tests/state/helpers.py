@@ -112,14 +112,24 @@ def expected_items(model: dict[str, Any]) -> dict[tuple, Any]:
 
 
 # ------------------------------------------------------------------ strategies
+# Fixed UTC offsets: aware datetimes of one instant in several zones must be one key.
+offsets = st.builds(
+    dt.timezone, st.timedeltas(min_value=dt.timedelta(hours=-23, minutes=-59), max_value=dt.timedelta(hours=23, minutes=59))
+)
 scalar_values = st.one_of(
     st.integers(min_value=INT64_MIN, max_value=INT64_MAX),
     st.floats(allow_nan=False),
     st.text(max_size=8),
+    st.sampled_from(["", "\x00", "é", "\ud800", "a\udfffb", "\U0001f600"]),
     st.binary(max_size=8),
     st.booleans(),
     st.dates(),
-    st.datetimes(timezones=st.none() | st.just(UTC)),
+    # Years 2..9998: the ends of the calendar have their own test (test_keys.py).
+    st.datetimes(
+        min_value=dt.datetime(2, 1, 1),
+        max_value=dt.datetime(9998, 12, 31),
+        timezones=st.none() | st.just(UTC) | offsets,
+    ),
 )
 key_tuples = st.lists(scalar_values, min_size=1, max_size=4).map(tuple)
 

@@ -28,8 +28,8 @@ from state import CacheManager, MemoryReading, MemoryStore, RocksDBStore, StoreL
 
 from .helpers import KEY_POOL, check_bounds, expected_items, hsettings, state_values, typed_items
 
-MAX_EXAMPLES = 8
-STEPS = 30
+# examples x steps per configuration (each RocksDB example opens, closes and reopens a database).
+BUDGET = {"memory": (15, 40), "rocksdb": (6, 30)}
 
 BOUNDS: dict[str, dict[str, Any]] = {
     "entries1": dict(max_entries=1),
@@ -237,9 +237,10 @@ def _make_test_case(backend_kind: str, bound: str, policy: str, marks: str):
         dict(backend_kind=backend_kind, bound=bound, policy=policy, watermarks=WATERMARKS[marks]),
     )
     test_case = machine.TestCase
+    max_examples, steps = BUDGET[backend_kind]
     test_case.settings = hsettings(
-        max_examples=MAX_EXAMPLES,
-        stateful_step_count=STEPS,
+        max_examples=max_examples,
+        stateful_step_count=steps,
         suppress_health_check=list(HealthCheck),
     )
     test_case.__name__ = test_case.__qualname__ = f"TestCacheIsADict_{name}"

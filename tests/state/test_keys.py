@@ -166,6 +166,26 @@ def test_every_accepted_str_key_has_canonical_bytes():
         assert decode_key(encode_key(nkey)) == nkey
 
 
+@pytest.mark.parametrize(
+    "key",
+    [
+        dt.datetime(1, 1, 1, tzinfo=dt.timezone(dt.timedelta(hours=5))),
+        dt.datetime(9999, 12, 31, 23, 59, tzinfo=dt.timezone(dt.timedelta(hours=-5))),
+        ("k", dt.datetime(1, 1, 1, 2, tzinfo=dt.timezone(dt.timedelta(hours=3)))),
+    ],
+    ids=repr,
+)
+def test_an_aware_datetime_at_the_end_of_the_calendar_round_trips_or_is_rejected(key):
+    """Its UTC instant lies outside datetime's range: accept it only if its canonical bytes decode."""
+    try:
+        nkey = normalize_key(key)
+    except (TypeError, ValueError) as exc:
+        offending = key[-1] if isinstance(key, tuple) else key
+        assert repr(offending) in str(exc)
+    else:
+        assert decode_key(encode_key(nkey)) == nkey
+
+
 # ------------------------------------------------------------------ idempotence and canonical bytes
 
 pool_keys = st.sampled_from([key for key, _ in KEY_POOL])

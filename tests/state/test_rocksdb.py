@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from state import RocksDBStore, StoreClosedError, StoreLockedError
 
-from .helpers import KEY_POOL, expected_items, hsettings, typed_items
+from .helpers import INT64_MAX, INT64_MIN, KEY_POOL, expected_items, hsettings, typed_items
 
 MAX_P = 16
 
@@ -130,6 +130,29 @@ def test_raw_keys_start_with_the_key_group_and_scan_in_key_group_order(tmp_path,
         store.close()
 
 
+@hsettings(max_examples=20)
+@given(ints=st.lists(st.integers(INT64_MIN, INT64_MAX), min_size=32, max_size=90, unique=True))
+def test_batched_and_single_key_paths_agree_on_int_keys(tmp_path_factory, ints):
+    """put_many/get_many of many int keys (a vectorized path) and put/get of one key address the same rows."""
+    store = RocksDBStore(tmp_path_factory.mktemp("db"), max_parallelism=MAX_P)
+    try:
+        half = len(ints) // 2
+        store.put_many((k, i) for i, k in enumerate(ints[:half]))
+        for i, k in enumerate(ints[half:], start=half):
+            store.put(k, i)
+        assert [store.get(k) for k in ints] == list(range(len(ints)))
+        assert store.get_many(ints) == list(range(len(ints)))
+        present = set(ints)
+        absent = [k ^ 1 for k in ints if k ^ 1 not in present]
+        assert store.get_many(absent) == [None] * len(absent)
+        raw_groups = sorted(store.key_group_of_raw(raw) for raw, _ in store.iter_raw())
+        assert raw_groups == sorted(store.key_group(k) for k in ints)
+        store.delete_many(ints[::2])
+        assert store.get_many(ints) == [None if i % 2 == 0 else i for i in range(len(ints))]
+    finally:
+        store.close()
+
+
 def test_key_types_int_and_long_give_different_key_groups(tmp_path):
     as_long = RocksDBStore(tmp_path / "a", key_types=["long"])
     as_int = RocksDBStore(tmp_path / "b", key_types=["int"])
@@ -233,6 +256,7 @@ def test_operations_after_close_raise_store_closed_error(tmp_path):
             lambda: target.delete_key_groups(range(0, 4)),
             lambda: target.flush(),
             lambda: target.table("x"),
+            lambda: target.tables(),
         ):
             with pytest.raises(StoreClosedError):
                 call()

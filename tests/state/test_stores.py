@@ -216,6 +216,22 @@ def test_operations_after_close_raise_store_closed_error(store):
             call()
 
 
+def test_closing_a_store_closes_the_tables_it_opened(store):
+    timers = store.table("timers")
+    timers.put(1, "t")
+    store.close()
+    with pytest.raises(StoreClosedError):
+        timers.get(1)
+    with pytest.raises(StoreClosedError):
+        timers.put(2, "t")
+
+
+def test_repr_of_a_closed_store_does_not_raise(store):
+    store.put(1, "a")
+    store.close()
+    assert store.name in repr(store)
+
+
 def test_close_twice_is_harmless(store):
     store.close()
     store.close()

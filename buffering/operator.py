@@ -1,0 +1,304 @@
+"""One operator instance: buffer + state + timers + checkpoint for a contiguous key-group range.
+
+The runners (local, Spark) route rows here by key group; an instance owns
+``key_group_range(index, parallelism, max_parallelism)``. Its state lives in
+three tables: ``state`` (the user's state, behind the write-back cache),
+``pending`` (what the mini-batch buffer holds at a checkpoint) and
+``timers`` (timeout timestamps). All three are checkpointed together, so a
+restore at any parallelism brings back state, pending rows and timers.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+import pandas as pd
+
+from checkpoint import CheckpointStorage, CheckpointWriter, Manifest, TaskReport, restore
+from state import MemoryStore, RocksDBStore, Store, WriteBackCache, key_group_range
+from state.group_state import NO_TIMESTAMP, GroupState, GroupStateTimeout
+from state.keys import NormalizedKey, denormalize_key
+from state.timers import TimerService
+
+from .buffer import MiniBatchBuffer
+from .decorators import OperatorSpec
+
+STATE_TABLE = "state"
+PENDING_TABLE = "pending"
+TIMERS_TABLE = "timers"
+TABLES = (STATE_TABLE, PENDING_TABLE, TIMERS_TABLE)
+
+
+@dataclass
+class InstanceMetrics:
+    """Counters of one instance since it started."""
+
+    rows_in: int = 0
+    flushes: int = 0
+    calls: int = 0
+    timeouts: int = 0
+    rows_out: int = 0
+    checkpoint_bytes: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class OperatorInstance:
+    """The operator for the key groups of instance ``index`` of ``parallelism``."""
+
+    def __init__(
+        self,
+        spec: OperatorSpec,
+        *,
+        key_columns: list[str],
+        key_types: Optional[tuple[str, ...]],
+        index: int,
+        parallelism: int,
+        max_parallelism: int,
+        timeout_conf: str = GroupStateTimeout.NoTimeout,
+        watermark_present: bool = False,
+        storage: Optional[CheckpointStorage] = None,
+        workdir: Optional[str] = None,
+    ) -> None:
+        self.spec = spec
+        self.key_columns = list(key_columns)
+        self.index = index
+        self.parallelism = parallelism
+        self.max_parallelism = max_parallelism
+        self.key_groups = key_group_range(index, parallelism, max_parallelism)
+        self.timeout_conf = timeout_conf
+        self.watermark_present = watermark_present
+        self.storage = storage
+        self.metrics = InstanceMetrics()
+        config = spec.state
+        self._owned_dir: Optional[str] = None
+        # The working store: RocksDB when asked for, or whenever checkpoints are written
+        # (the checkpoint reads key-group ranges from it); "memory" then means an
+        # unbounded cache in front of it, so all state stays in memory.
+        if config.store == "rocksdb" or storage is not None:
+            if workdir is None:
+                base = config.path
+                if base is None:
+                    base = self._owned_dir = tempfile.mkdtemp(prefix="opbuffer-")
+                workdir = os.path.join(base, f"instance-{index}-of-{parallelism}")
+            # The working copy is rebuilt from the checkpoint: never trust leftovers.
+            shutil.rmtree(workdir, ignore_errors=True)
+            root = RocksDBStore(workdir, max_parallelism=max_parallelism, key_types=key_types, table=STATE_TABLE)
+            self.tables: dict[str, Store] = {STATE_TABLE: root}
+            for name in (PENDING_TABLE, TIMERS_TABLE):
+                self.tables[name] = root.table(name)
+            for table in self.tables.values():
+                table.track_changes()  # type: ignore[attr-defined]
+            self._root: Store = root
+        else:
+            root_memory = MemoryStore(name=STATE_TABLE, max_parallelism=max_parallelism, key_types=key_types)
+            self.tables = {STATE_TABLE: root_memory}
+            for name in (PENDING_TABLE, TIMERS_TABLE):
+                self.tables[name] = root_memory.table(name)
+            self._root = root_memory
+        state_table = self.tables[STATE_TABLE]
+        self.cache: Optional[WriteBackCache] = None
+        if config.cached or (config.store == "memory" and isinstance(state_table, RocksDBStore)):
+            self.cache = WriteBackCache(
+                state_table,
+                max_entries=config.max_entries,
+                max_bytes=config.max_bytes,
+                policy=config.policy,
+                low_watermark=config.low_watermark,
+                high_watermark=config.high_watermark,
+                name=f"state[{index}/{parallelism}]",
+            )
+        self.state: Store = self.cache if self.cache is not None else state_table
+        self.timers = TimerService(self.tables[TIMERS_TABLE])
+        self.buffer = MiniBatchBuffer(self.key_columns, spec.mini_batch)
+        self._pending_keys: set[NormalizedKey] = set()
+
+    # ------------------------------------------------------------ restore / checkpoint
+    def restore(self, manifest: Manifest) -> None:
+        """Load this instance's key groups of ``manifest`` (state, pending rows, timers)."""
+        assert self.storage is not None
+        restore(self.storage, manifest, self.key_groups, self.tables)  # type: ignore[arg-type]
+        for table in self.tables.values():
+            table.drain_changes()  # type: ignore[attr-defined]  # what was restored is not a change
+        self.timers.reload()
+        pending = [(k, v) for k, v in self.tables[PENDING_TABLE].items()]
+        from state.keys import normalize_key
+
+        self.buffer.restore(iter([(normalize_key(k), v) for k, v in pending]))
+        self._pending_keys = {normalize_key(k) for k, _ in pending}
+
+    def checkpoint(self, version: int, previous: Optional[Manifest]) -> TaskReport:
+        """Persist pending rows, flush the cache, and write this instance's task file of ``version``."""
+        assert self.storage is not None
+        self._save_pending()
+        if self.cache is not None:
+            self.cache.flush()
+        changes = {name: table.drain_changes() for name, table in self.tables.items()}  # type: ignore[attr-defined]
+        writer = CheckpointWriter(self.storage, key_groups=self.key_groups, task=f"{self.index}of{self.parallelism}")
+        report = writer.write(version, self.tables, changes, previous)  # type: ignore[arg-type]
+        self.metrics.checkpoint_bytes += report.bytes
+        return report
+
+    def _save_pending(self) -> None:
+        snapshot = self.buffer.snapshot()
+        pending = self.tables[PENDING_TABLE]
+        stale = [k for k in self._pending_keys if k not in snapshot]
+        if stale:
+            pending.delete_many(stale)
+        if snapshot:
+            pending.put_many(snapshot.items())
+        self._pending_keys = set(snapshot)
+
+    # ------------------------------------------------------------ processing
+    def process(self, frame: pd.DataFrame, processing_time_ms: int, watermark_ms: int) -> list[pd.DataFrame]:
+        """Buffer ``frame``; flush whenever a trigger fires; return the outputs."""
+        outputs: list[pd.DataFrame] = []
+        n = len(frame)
+        self.metrics.rows_in += n
+        start = 0
+        while start < n:
+            room = self.buffer.room()
+            stop = n if room is None else min(n, start + room)
+            self.buffer.add(frame.iloc[start:stop] if (start or stop < n) else frame, processing_time_ms)
+            start = stop
+            if room is not None and self.buffer.should_flush(processing_time_ms):
+                outputs.extend(self.flush(processing_time_ms, watermark_ms))
+        return outputs
+
+    def end_of_batch(self, processing_time_ms: int, watermark_ms: int) -> list[pd.DataFrame]:
+        """Time-triggered flush (or the flush of an unbuffered operator), then due timeouts."""
+        outputs: list[pd.DataFrame] = []
+        if self.buffer.should_flush(processing_time_ms):
+            outputs.extend(self.flush(processing_time_ms, watermark_ms))
+        outputs.extend(self.fire_timers(processing_time_ms, watermark_ms))
+        return outputs
+
+    def flush(self, processing_time_ms: int, watermark_ms: int) -> list[pd.DataFrame]:
+        """Hand every buffered key to the function (or fold its partials into the accumulators)."""
+        self.metrics.flushes += 1
+        if self.spec.aggregations is not None:
+            return self._flush_aggregate()
+        items = list(self.buffer.drain())
+        if not items:
+            return []
+        keys = [nkey for nkey, _ in items]
+        values = self.state.get_many(keys)  # one batched read: cache hits, one multi-get for misses
+        outputs: list[pd.DataFrame] = []
+        combined = self.buffer.aggregations is not None
+        for (nkey, rows), value in zip(items, values):
+            if combined:
+                rows = self._with_key_columns(nkey, rows)
+            outputs.extend(self._call(nkey, rows, value, False, processing_time_ms, watermark_ms))
+        return outputs
+
+    def _with_key_columns(self, nkey: NormalizedKey, row: pd.DataFrame) -> pd.DataFrame:
+        for position, (column, value) in enumerate(zip(self.key_columns, denormalize_key(nkey))):
+            row.insert(position, column, [value])
+        return row
+
+    def _flush_aggregate(self) -> list[pd.DataFrame]:
+        aggs = self.spec.aggregations
+        assert aggs is not None
+        keys, partials = self.buffer.drain_accumulators()
+        if not keys:
+            return []
+        stored = self.state.get_many(keys)
+        merge = aggs.merge
+        merged = [p if s is None else merge(s, p) for s, p in zip(stored, partials)]
+        self.state.put_many(zip(keys, merged))
+        return [aggs.results_frame(dict(zip(keys, merged)), self.key_columns, keys)]
+
+    def fire_timers(self, processing_time_ms: int, watermark_ms: int) -> list[pd.DataFrame]:
+        """Call the function with ``hasTimedOut`` for every key whose timeout passed."""
+        if self.timeout_conf == GroupStateTimeout.ProcessingTimeTimeout:
+            threshold = processing_time_ms
+        elif self.timeout_conf == GroupStateTimeout.EventTimeTimeout and watermark_ms != NO_TIMESTAMP:
+            threshold = watermark_ms
+        else:
+            return []
+        due = self.timers.due(threshold)
+        if not due:
+            return []
+        keys = [nkey for _, nkey in due]
+        values = self.state.get_many(keys)
+        outputs: list[pd.DataFrame] = []
+        for nkey, value in zip(keys, values):
+            self.metrics.timeouts += 1
+            outputs.extend(self._call(nkey, None, value, True, processing_time_ms, watermark_ms))
+        return outputs
+
+    def _call(
+        self,
+        nkey: NormalizedKey,
+        rows: Optional[pd.DataFrame],
+        value: Any,
+        timed_out: bool,
+        processing_time_ms: int,
+        watermark_ms: int,
+    ) -> list[pd.DataFrame]:
+        function = self.spec.function
+        assert function is not None
+        old_timeout = self.timers.get(nkey)
+        state = GroupState(
+            value,
+            batch_processing_time_ms=processing_time_ms,
+            event_time_watermark_ms=watermark_ms if self.watermark_present else NO_TIMESTAMP,
+            timeout_conf=self.timeout_conf,
+            has_timed_out=timed_out,
+            watermark_present=self.watermark_present,
+            old_timeout_timestamp=NO_TIMESTAMP if old_timeout is None else old_timeout,
+        )
+        result = function(denormalize_key(nkey), iter(()) if rows is None else iter([rows]), state)
+        frames = [frame for frame in (result if result is not None else ()) if frame is not None]
+        self.metrics.calls += 1
+        if state.removed:
+            self.state.delete(nkey)
+        elif state.updated:
+            self.state.put(nkey, state.value)
+        timeout = state.timeout_timestamp
+        if timeout != NO_TIMESTAMP:
+            self.timers.set(nkey, timeout)
+        elif old_timeout is not None:
+            self.timers.clear(nkey)  # Spark resets the timeout on every call
+        for frame in frames:
+            self.metrics.rows_out += len(frame)
+        return frames
+
+    # ------------------------------------------------------------ inspection
+    def state_items(self) -> dict[tuple, Any]:
+        """Every key's state (for tests and debugging)."""
+        return dict(self.state.items())
+
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "instance": self.index,
+            "key_groups": (self.key_groups.start, self.key_groups.stop),
+            "rows_in": self.metrics.rows_in,
+            "flushes": self.metrics.flushes,
+            "calls": self.metrics.calls,
+            "timeouts": self.metrics.timeouts,
+            "rows_out": self.metrics.rows_out,
+            "pending_rows": self.buffer.rows,
+            "pending_keys": len(self.buffer),
+            "timers": len(self.timers),
+            "checkpoint_bytes": self.metrics.checkpoint_bytes,
+        }
+        if self.cache is not None:
+            out["cache"] = self.cache.stats()
+        return out
+
+    def close(self) -> None:
+        if self.cache is not None:
+            self.cache.close()  # flushes and closes the root store's table
+        self._root.close()
+        if self._owned_dir is not None:
+            shutil.rmtree(self._owned_dir, ignore_errors=True)
+
+
+def owner_of_key_groups(key_groups: np.ndarray, parallelism: int, max_parallelism: int) -> np.ndarray:
+    """Vectorized ``operator_index``: the instance of each key group."""
+    return (key_groups.astype(np.int64) * parallelism) // max_parallelism

@@ -31,7 +31,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Sequence
 
-from rocksdict import IngestExternalFileOptions
 
 from state import RocksDBStore
 
@@ -65,14 +64,7 @@ class RestoreReport:
 
 def _ingest(store: RocksDBStore, paths: list[str]) -> None:
     """Ingest SST files into a table (the files are moved in when on the same filesystem)."""
-    public = getattr(store, "ingest_sst_files", None)
-    if public is not None:
-        public(paths)
-        return
-    options = IngestExternalFileOptions()
-    options.set_move_files(True)
-    # TODO(state): use a public RocksDBStore.ingest_sst_files(paths) once the state layer has one.
-    store._cf.ingest_external_file(paths, options)
+    store.ingest_sst_files(paths)
 
 
 def _write_synced(path: str, payload: bytes | memoryview) -> None:
@@ -86,12 +78,7 @@ def _write_synced(path: str, payload: bytes | memoryview) -> None:
 
 def _compact(store: RocksDBStore, key_groups: range) -> None:
     """Compact a cleared key-group range, so that SST files ingested into it go to the bottom level."""
-    public = getattr(store, "compact_key_groups", None)
-    if public is not None:
-        public(key_groups)
-        return
-    # TODO(state): use a public RocksDBStore.compact_key_groups(range) once the state layer has one.
-    store._cf.compact_range(key_groups.start.to_bytes(2, "big"), key_groups.stop.to_bytes(2, "big"))
+    store.compact_key_groups(key_groups)
 
 
 def _is_empty(store: RocksDBStore, key_groups: range) -> bool:

@@ -64,6 +64,11 @@ def _normalize_scalar(value: Any, key: Any) -> Hashable:
             raise ValueError(f"key {key!r}: NaN is not a valid key value")
         return (_T_FLOAT, value + 0.0)  # -0.0 + 0.0 == 0.0: Spark groups -0.0 with 0.0
     if t is _dt.datetime:
+        if value.tzinfo is not None and value.utcoffset() is not None:
+            try:
+                value.astimezone(_dt.timezone.utc)
+            except OverflowError:
+                raise ValueError(f"key {key!r}: {value!r} is outside the range of UTC timestamps") from None
         return (_T_DATETIME, value)
     if t is _dt.date:
         return (_T_DATE, value)
@@ -72,7 +77,7 @@ def _normalize_scalar(value: Any, key: Any) -> Hashable:
     if t is tuple:
         # An element that is already normalized (tagged), so that normalize_key is idempotent.
         if len(value) == 2 and type(value[0]) is str and _TAG_TYPES.get(value[0]) is type(value[1]):
-            return value
+            return _normalize_scalar(value[1], key)  # re-validated: a tag cannot smuggle in NaN or -0.0
         raise TypeError(f"key {key!r}: a key column cannot hold the tuple {value!r}; flatten the key")
     # Slow path: numpy / pandas scalars and subclasses of the plain types.
     item = getattr(value, "item", None)

@@ -39,6 +39,7 @@ class MemoryStore(Store):
     ) -> None:
         super().__init__(name=name, max_parallelism=max_parallelism, key_types=key_types, serializer=serializer)
         self._data: dict[NormalizedKey, Any] = {}
+        self._owner = _registry is None  # the store that opened the tables closes them
         self._registry = _registry if _registry is not None else {}
         self._registry[name] = self
         self._closed = False
@@ -102,8 +103,13 @@ class MemoryStore(Store):
         return sorted(self._registry)
 
     def close(self) -> None:
-        self._closed = True
-        self._data = _ClosedData(self.name)  # type: ignore[assignment]
+        """Close this table; the store that opened the tables closes all of them."""
+        tables = list(self._registry.values()) if self._owner else [self]
+        for table in tables:
+            table._closed = True
+            table._data = _ClosedData(table.name)  # type: ignore[assignment]
 
     def __repr__(self) -> str:
+        if self._closed:
+            return f"MemoryStore(table={self.name!r}, closed)"
         return f"MemoryStore(table={self.name!r}, entries={len(self._data)})"

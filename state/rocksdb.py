@@ -17,7 +17,16 @@ import struct
 from typing import Any, Iterable, Iterator, Sequence
 
 import xxhash
-from rocksdict import BlockBasedOptions, Cache, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
+from rocksdict import (
+    BlockBasedOptions,
+    Cache,
+    IngestExternalFileOptions,
+    Options,
+    Rdict,
+    ReadOptions,
+    WriteBatch,
+    WriteOptions,
+)
 
 from .base import MISSING, Store, StoreClosedError, StoreError, StoreLockedError
 from .keygroups import DEFAULT_MAX_PARALLELISM
@@ -343,6 +352,20 @@ class RocksDBStore(Store):
                 put(raw_key, raw_value)
         if batch.len():
             self._cf.write(batch)
+
+    def ingest_sst_files(self, paths: Sequence[str]) -> None:
+        """Bulk-load SST files (built with this table's raw keys); files on the same filesystem are moved in."""
+        if paths:
+            options = IngestExternalFileOptions()
+            options.set_move_files(True)
+            self._cf.ingest_external_file(list(paths), options)
+
+    def compact_key_groups(self, key_groups: range) -> None:
+        """Compact the key range of ``key_groups`` (drops range tombstones after a bulk delete)."""
+        self._check_key_groups(key_groups)
+        if len(key_groups):
+            lower, upper = self._bounds(key_groups)
+            self._cf.compact_range(lower, upper)
 
     # ------------------------------------------------------------ lifecycle
     def table(self, name: str) -> "RocksDBStore":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import math
+import pickle
 import random
 import threading
 
@@ -14,6 +15,7 @@ from state import (
     ClockPolicy,
     LFUPolicy,
     LRUPolicy,
+    MemoryEstimator,
     MemoryStore,
     RocksDBStore,
     StateSerializationError,
@@ -516,6 +518,35 @@ def test_byte_bound_holds_with_growing_values(make_backend, backend_kind):
         cache.put(key, "v" * size)
         check_bounds(cache, None)
     assert cache.stats()["evictions"] > 0
+
+
+class CountingSerializer:
+    def __init__(self) -> None:
+        self.dumps_calls = 0
+
+    def dumps(self, value):
+        self.dumps_calls += 1
+        return pickle.dumps(value, 5)
+
+    def loads(self, data):
+        return pickle.loads(data)
+
+
+def test_bytes_are_estimated_by_sampling_not_by_serializing_everything():
+    serializer = CountingSerializer()
+    cache = WriteBackCache(MemoryStore(serializer=serializer), max_bytes=1 << 20)
+    for i in range(10_000):
+        cache.put(i, "v" * 50)
+    assert 0 < serializer.dumps_calls <= 10_000 // 16
+    assert cache.stats()["entry_bytes"] > 50
+
+
+@pytest.mark.parametrize(
+    "kwargs", [dict(sample_every=0), dict(window=0), dict(entry_overhead=-1), dict(sample_every=1.5)], ids=repr
+)
+def test_impossible_estimator_configuration_fails_at_construction(kwargs):
+    with pytest.raises(ValueError):
+        MemoryEstimator(**kwargs)
 
 
 # ------------------------------------------------------------------ bounds after every operation, deterministic

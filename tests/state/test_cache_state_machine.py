@@ -29,7 +29,7 @@ from state import CacheManager, MemoryReading, MemoryStore, RocksDBStore, StoreL
 from .helpers import KEY_POOL, check_bounds, expected_items, hsettings, state_values, typed_items
 
 # examples x steps per configuration (each RocksDB example opens, closes and reopens a database).
-BUDGET = {"memory": (15, 40), "rocksdb": (6, 30)}
+BUDGET = {"memory": (20, 50), "rocksdb": (8, 40)}
 
 BOUNDS: dict[str, dict[str, Any]] = {
     "entries1": dict(max_entries=1),
@@ -73,6 +73,9 @@ class CacheIsADict(RuleBasedStateMachine):
         self.cache: WriteBackCache | None = None
         self.manager: CacheManager | None = None
         self.path: str | None = None
+        # Under a CacheManager, a second cache competes for the same budget.
+        self.neighbour: WriteBackCache | None = None
+        self.neighbour_model: dict[str, Any] = {}
 
     # ------------------------------------------------------------ setup
     @initialize(write_batch_entries=st.sampled_from([1, 3, 256]), sync_step=st.sampled_from([1, 3]))
@@ -98,6 +101,8 @@ class CacheIsADict(RuleBasedStateMachine):
             )
             kwargs["manager"] = self.manager
         self.cache = WriteBackCache(backend, **kwargs)
+        if self.manager is not None:
+            self.neighbour = WriteBackCache(MemoryStore(), manager=self.manager, name="neighbour", policy=self.policy)
 
     # ------------------------------------------------------------ reads
     @rule(entry=keys)
@@ -179,17 +184,32 @@ class CacheIsADict(RuleBasedStateMachine):
         assert granted <= self.manager.max_bytes
         assert self.cache.stats()["max_bytes"] == self.manager.blocks_of(self.cache) * 1024
 
+    @precondition(lambda self: self.neighbour is not None)
+    @rule(entry=keys, value=state_values, read=keys)
+    def neighbour_works_too(self, entry, value, read):
+        key, identity = entry
+        self.neighbour.put(key, value)
+        self.neighbour_model[identity] = value
+        key, identity = read
+        assert self.neighbour.get(key, _ABSENT) == self.neighbour_model.get(identity, _ABSENT)
+
     # ------------------------------------------------------------ after every step
     @invariant()
     def bounds_hold(self):
         if self.cache is not None:
             check_bounds(self.cache, self.watermarks)
+        if self.neighbour is not None:
+            check_bounds(self.neighbour, None)
+            granted = sum(e["granted_bytes"] for e in self.manager.stats()["caches"].values())
+            assert granted <= self.manager.max_bytes
 
     # ------------------------------------------------------------ the store holds exactly the dict
     def teardown(self):
         try:
             if self.cache is None:
                 return
+            if self.neighbour is not None:
+                assert typed_items(self.neighbour.items()) == expected_items(self.neighbour_model)
             self.cache.flush()
             expected = expected_items(self.model)
             if self.backend_kind == "memory":

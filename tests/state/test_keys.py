@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from state import decode_key, encode_key, key_group, normalize_key
-from state.keys import denormalize_key
+from state.keys import denormalize_key, key_groups_of_longs, spark_hash, spark_hash_ints, spark_hash_longs
 
 from .helpers import INT64_MAX, INT64_MIN, KEY_POOL, PLUS_ONE, UTC, hsettings, key_tuples, scalar_values
 
@@ -186,6 +186,33 @@ def test_an_aware_datetime_at_the_end_of_the_calendar_round_trips_or_is_rejected
         assert decode_key(encode_key(nkey)) == nkey
 
 
+# normalize_key accepts its own output (tagged ("f", 1.0) elements) to be idempotent; a user's
+# nested tuple of that shape must not get around the checks every other value goes through.
+@pytest.mark.parametrize(
+    "key, offending",
+    [
+        ((("f", float("nan")),), "nan"),
+        (("k", ("f", float("nan"))), "nan"),
+        ((("t", dt.datetime(1, 1, 1, tzinfo=dt.timezone(dt.timedelta(hours=5)))),), "datetime.datetime(1, 1, 1"),
+    ],
+    ids=["nan", "nan-in-second-column", "datetime-outside-utc-range"],
+)
+def test_a_tag_shaped_nested_tuple_cannot_smuggle_in_an_invalid_value(key, offending):
+    with pytest.raises(ValueError) as info:
+        normalize_key(key)
+    assert offending in str(info.value)
+
+
+def test_a_tag_shaped_negative_zero_is_rejected_or_is_the_zero_key_with_its_bytes():
+    """Canonical bytes are equal exactly when normalized keys are equal, and -0.0 == 0.0."""
+    try:
+        smuggled = normalize_key((("f", -0.0),))
+    except (TypeError, ValueError):
+        return
+    zero = normalize_key(0.0)
+    assert (smuggled == zero) == (encode_key(smuggled) == encode_key(zero))
+
+
 # ------------------------------------------------------------------ idempotence and canonical bytes
 
 pool_keys = st.sampled_from([key for key, _ in KEY_POOL])
@@ -269,3 +296,42 @@ def test_key_bytes_and_key_groups_are_the_same_in_another_process():
     assert out.returncode == 0, out.stderr
     here = [[encode_key(normalize_key(k)).hex(), key_group(k), key_group(k, 7)] for k in _SUBPROCESS_KEYS]
     assert json.loads(out.stdout) == here
+
+
+# ------------------------------------------------------------------ vectorized hashing == scalar hashing
+
+longs = st.lists(st.integers(min_value=INT64_MIN, max_value=INT64_MAX), max_size=40)
+ints32 = st.lists(st.integers(min_value=-(1 << 31), max_value=(1 << 31) - 1), max_size=40)
+
+
+@hsettings(max_examples=60)
+@given(longs, st.integers(min_value=1, max_value=1 << 15))
+def test_vectorized_long_hashes_and_key_groups_match_the_scalar_ones(values, max_parallelism):
+    array = np.array(values, dtype=np.int64)
+    assert spark_hash_longs(array).tolist() == [spark_hash(normalize_key(v)) for v in values]
+    assert key_groups_of_longs(array, max_parallelism).tolist() == [key_group(v, max_parallelism) for v in values]
+
+
+@hsettings(max_examples=60)
+@given(ints32)
+def test_vectorized_int_hashes_match_the_scalar_ones(values):
+    array = np.array(values, dtype=np.int32)
+    assert spark_hash_ints(array).tolist() == [spark_hash(normalize_key(v), ["int"]) for v in values]
+
+
+@hsettings(max_examples=60)
+@given(st.data())
+def test_vectorized_hashes_chain_columns_through_a_per_row_seed(data):
+    n = data.draw(st.integers(min_value=0, max_value=30))
+    first = data.draw(st.lists(st.integers(INT64_MIN, INT64_MAX), min_size=n, max_size=n))
+    second = data.draw(st.lists(st.integers(-(1 << 31), (1 << 31) - 1), min_size=n, max_size=n))
+    seeds = spark_hash_longs(np.array(first, dtype=np.int64))
+    two_longs = spark_hash_longs(np.array(second, dtype=np.int64), seed=seeds)
+    long_int = spark_hash_ints(np.array(second, dtype=np.int32), seed=seeds)
+    assert two_longs.tolist() == [spark_hash(normalize_key((a, b))) for a, b in zip(first, second)]
+    assert long_int.tolist() == [spark_hash(normalize_key((a, b)), ["long", "int"]) for a, b in zip(first, second)]
+
+
+def test_key_groups_of_longs_rejects_a_bad_max_parallelism():
+    with pytest.raises(ValueError):
+        key_groups_of_longs(np.arange(3), 0)

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from state import RocksDBStore, StoreClosedError, StoreLockedError
+from state import RocksDBStore, StoreClosedError, StoreError, StoreLockedError, WriteBackCache
 
 from .helpers import INT64_MAX, INT64_MIN, KEY_POOL, expected_items, hsettings, typed_items
 
@@ -233,6 +233,50 @@ def test_raw_pairs_restore_into_another_store(tmp_path):
     finally:
         source.close()
         target.close()
+
+
+# ------------------------------------------------------------------ change tracking
+
+
+def _raw_keys(tmp_path, keys) -> set[bytes]:
+    """The raw RocksDB keys of ``keys``, computed by a scratch store of the same layout."""
+    scratch = RocksDBStore(tmp_path / "scratch", max_parallelism=MAX_P)
+    try:
+        scratch.put_many((k, 0) for k in keys)
+        return {raw for raw, _ in scratch.iter_raw()}
+    finally:
+        scratch.close()
+
+
+def test_change_tracking_records_every_write_and_delete_since_the_last_drain(tmp_path):
+    store = RocksDBStore(tmp_path / "db", max_parallelism=MAX_P)
+    try:
+        store.put_many((i, i) for i in range(50))  # before tracking: not recorded
+        store.track_changes()
+        store.put(1, "x")
+        store.delete(2)
+        store.put_many((i, i) for i in range(100, 140))
+        store.delete_many([3, 4, 999])
+        cache = WriteBackCache(store, max_entries=2)
+        cache.put(("c", 1), 1)
+        cache.delete(5)
+        cache.flush()
+        expected = _raw_keys(tmp_path, [1, 2, *range(100, 140), 3, 4, 999, ("c", 1), 5])
+        assert store.drain_changes() == expected
+        assert store.drain_changes() == set()
+        store.put(7, 7)
+        assert store.drain_changes() == _raw_keys(tmp_path / "again", [7])
+    finally:
+        store.close()
+
+
+def test_draining_changes_without_tracking_raises_store_error(tmp_path):
+    store = RocksDBStore(tmp_path / "db")
+    try:
+        with pytest.raises(StoreError):
+            store.drain_changes()
+    finally:
+        store.close()
 
 
 # ------------------------------------------------------------------ lifecycle and lock

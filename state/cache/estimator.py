@@ -38,8 +38,16 @@ class MemoryEstimator:
         self._countdown -= 1
         if self._countdown > 0:
             return False
+        self._countdown = self.next_interval()
+        return self.sample(key, value, dumps)
+
+    def next_interval(self) -> int:
+        """Entries to count before the next sample (1 while warming up)."""
+        return 1 if self.samples_taken + 1 < self.warmup else self.sample_every
+
+    def sample(self, key: Any, value: Any, dumps: Callable[[Any], bytes]) -> bool:
+        """Record the size of one entry now. True when the mean changed."""
         self.samples_taken += 1
-        self._countdown = 1 if self.samples_taken < self.warmup else self.sample_every
         try:
             size = len(dumps(value))
         except Exception:  # an unserializable value is reported when it is written, not here

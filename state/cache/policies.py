@@ -22,9 +22,7 @@ class CachePolicy(ABC):
 
     name: str = "?"
     touch: Callable[[Hashable], object]
-
-    @abstractmethod
-    def insert(self, key: Hashable) -> None: ...
+    insert: Callable[[Hashable], object]
 
     @abstractmethod
     def remove(self, key: Hashable) -> None: ...
@@ -44,9 +42,8 @@ class LRUPolicy(CachePolicy):
     def __init__(self) -> None:
         self._order: OrderedDict[Hashable, None] = OrderedDict()
         self.touch = self._order.move_to_end  # type: ignore[assignment]
-
-    def insert(self, key: Hashable) -> None:
-        self._order[key] = None
+        # setdefault(key) appends a new key with value None: insert as a C call.
+        self.insert = self._order.setdefault  # type: ignore[assignment]
 
     def remove(self, key: Hashable) -> None:
         self._order.pop(key, None)
@@ -71,9 +68,7 @@ class ClockPolicy(CachePolicy):
         self._ring: OrderedDict[Hashable, None] = OrderedDict()
         self._referenced: set[Hashable] = set()
         self.touch = self._referenced.add  # type: ignore[assignment]
-
-    def insert(self, key: Hashable) -> None:
-        self._ring[key] = None
+        self.insert = self._ring.setdefault  # type: ignore[assignment]
 
     def remove(self, key: Hashable) -> None:
         self._ring.pop(key, None)

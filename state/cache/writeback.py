@@ -126,6 +126,8 @@ class WriteBackCache(Store):
         self._backend = backend
         self._policy = make_policy(policy)
         self._touch = self._policy.touch
+        self._policy_insert = self._policy.insert
+        self._sample_countdown = 1
         self._max_entries = max_entries
         self._max_bytes = max_bytes
         self._low = low_watermark
@@ -199,7 +201,10 @@ class WriteBackCache(Store):
             try:
                 value = self._data[key]
             except KeyError:
-                return self._get_normalized(normalize_key(key), default)
+                value = self._miss(normalize_key(key))  # validates an int's range
+                if self._draining:
+                    self._sync(self._sync_step)
+                return default if value is MISSING else value
             self._touch(key)
             self._hits += 1
             if self._draining:
@@ -339,10 +344,10 @@ class WriteBackCache(Store):
             self.delete(nkey)
 
     def _after_update(self, nkey: NormalizedKey, value: Any) -> None:
-        """After a put on a cached key: sample its (possibly grown) size, then the watermarks."""
-        if self._estimator.observe(nkey, value, self._dumps) and self._max_bytes is not None:
-            self._recompute_capacity()
-            self._evict_to_fit()
+        """After a put on a cached key: sample its (possibly grown) size when due, then the watermarks."""
+        self._sample_countdown -= 1
+        if self._sample_countdown <= 0:
+            self._sample(nkey, value)
         if self._watermarks:
             self._after_dirty(nkey)
 
@@ -365,22 +370,25 @@ class WriteBackCache(Store):
     # ------------------------------------------------------------ insertion and eviction
     def _insert(self, nkey: NormalizedKey, value: Any) -> None:
         self._data[nkey] = value
-        self._policy.insert(nkey)
+        self._policy_insert(nkey)
         self._inserts += 1
-        if (
-            value is not MISSING
-            and self._estimator.observe(nkey, value, self._dumps)
-            and self._max_bytes is not None
-        ):
-            self._recompute_capacity()
-            if self._watermarks:
-                self._evict_to_fit()
-                self._bound_dirty()  # a smaller capacity lowers the watermarks too
+        self._sample_countdown -= 1
+        if self._sample_countdown <= 0 and value is not MISSING:
+            self._sample(nkey, value)
         if len(self._data) > self._capacity:
             self._evict_to_fit()
-        manager = self._manager
-        if manager is not None and self._inserts % manager.check_every == 0:
-            manager.maybe_rebalance()
+        if self._manager is not None and self._inserts % self._manager.check_every == 0:
+            self._manager.maybe_rebalance()
+
+    def _sample(self, nkey: NormalizedKey, value: Any) -> None:
+        """Sample one entry's size; with a byte bound, the capacity (and watermarks) follow."""
+        estimator = self._estimator
+        self._sample_countdown = estimator.next_interval()
+        if estimator.sample(nkey, value, self._dumps) and self._max_bytes is not None:
+            self._recompute_capacity()
+            self._evict_to_fit()
+            if self._watermarks:
+                self._bound_dirty()  # a smaller capacity lowers the watermarks too
 
     def _evict_to_fit(self) -> None:
         data = self._data
@@ -398,7 +406,7 @@ class WriteBackCache(Store):
                     # Keep what was accepted: the entry returns, dirty, and the error surfaces.
                     data[victim] = value
                     dirty[victim] = None
-                    self._policy.insert(victim)
+                    self._policy_insert(victim)
                     raise
             if len(dirty) > self._low_n:
                 self._sync(self._sync_step)

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 import pandas as pd
 
-from state.keys import NormalizedKey, normalize_key
+from state.keys import NormalizedKey, denormalize_key, normalize_key
 
 from .aggregations import Aggregations
 from .decorators import MiniBatchConfig
@@ -67,11 +67,18 @@ class MiniBatchBuffer:
     def combined(self) -> bool:
         return self.aggregations is not None or self.combine_fn is not None
 
-    def room(self) -> Optional[int]:
-        """Rows that fit before the count trigger fires (None: no count trigger)."""
-        if self.config is None or self.config.max_rows is None:
+    def room(self, row_bytes: float = 0.0) -> Optional[int]:
+        """Rows (of ``row_bytes`` each) that fit before the count or size trigger fires (None: no such trigger)."""
+        config = self.config
+        if config is None:
             return None
-        return max(1, self.config.max_rows - self.rows)
+        rows: Optional[int] = None
+        if config.max_rows is not None:
+            rows = max(1, config.max_rows - self.rows)
+        if config.max_bytes is not None and row_bytes > 0:
+            by_size = max(1, -(-(config.max_bytes - self.bytes) // int(max(1, row_bytes))))
+            rows = by_size if rows is None else min(rows, by_size)
+        return rows
 
     def should_flush(self, now_ms: int) -> bool:
         config = self.config
@@ -144,8 +151,17 @@ class MiniBatchBuffer:
         self._reset()
         self.flushes += 1
         if self.aggregations is not None:
-            for nkey in keys:
-                yield nkey, pd.DataFrame({name: [value] for name, value in partials[nkey].items()})
+            # One frame for the whole flush (key columns, then one column of partials per
+            # output); each key gets a one-row slice of it, far cheaper than a frame per key.
+            columns: dict[str, Any] = {}
+            key_values = [denormalize_key(k) for k in keys]
+            for position, column in enumerate(self.key_columns):
+                columns[column] = [values[position] for values in key_values]
+            for name in self.aggregations:
+                columns[name] = _object_column([partials[k].get(name) for k in keys])
+            combined = pd.DataFrame(columns)
+            for i, nkey in enumerate(keys):
+                yield nkey, combined.iloc[i : i + 1]
             return
         if self.combine_fn is not None:
             for nkey in keys:
@@ -227,6 +243,15 @@ def _grouped(chunks: list[_Chunk], keys: list[NormalizedKey]) -> Iterator[tuple[
     taken = frame.take(order).reset_index(drop=True)
     for start, end in zip(starts, ends):
         yield keys[sorted_codes[start]], taken.iloc[start:end]
+
+
+def _object_column(values: list[Any]) -> Any:
+    """A column that keeps partials as they are (ints stay ints, sketches stay objects)."""
+    if all(type(v) is int for v in values):
+        return values
+    column = np.empty(len(values), dtype=object)
+    column[:] = values
+    return column
 
 
 def _columns(frame: pd.DataFrame) -> dict[str, np.ndarray]:

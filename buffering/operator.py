@@ -160,8 +160,12 @@ class OperatorInstance:
         n = len(frame)
         self.metrics.rows_in += n
         start = 0
+        row_bytes = 0.0
+        config = self.spec.mini_batch
+        if n and config is not None and config.max_bytes is not None:
+            row_bytes = float(frame.memory_usage(index=False, deep=False).sum()) / n
         while start < n:
-            room = self.buffer.room()
+            room = self.buffer.room(row_bytes)
             stop = n if room is None else min(n, start + room)
             self.buffer.add(frame.iloc[start:stop] if (start or stop < n) else frame, processing_time_ms)
             start = stop
@@ -188,17 +192,9 @@ class OperatorInstance:
         keys = [nkey for nkey, _ in items]
         values = self.state.get_many(keys)  # one batched read: cache hits, one multi-get for misses
         outputs: list[pd.DataFrame] = []
-        combined = self.buffer.aggregations is not None
         for (nkey, rows), value in zip(items, values):
-            if combined:
-                rows = self._with_key_columns(nkey, rows)
             outputs.extend(self._call(nkey, rows, value, False, processing_time_ms, watermark_ms))
         return outputs
-
-    def _with_key_columns(self, nkey: NormalizedKey, row: pd.DataFrame) -> pd.DataFrame:
-        for position, (column, value) in enumerate(zip(self.key_columns, denormalize_key(nkey))):
-            row.insert(position, column, [value])
-        return row
 
     def _flush_aggregate(self) -> list[pd.DataFrame]:
         aggs = self.spec.aggregations

@@ -1,0 +1,377 @@
+"""The mini-batch buffer: count, size and time triggers, per-key order, combining, and its memory bound.
+
+Most tests drive the buffer through a LocalRunner with an injected clock (that
+is where the triggers are evaluated, DESIGN "The path of one micro-batch" step
+3); a few use MiniBatchBuffer directly.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from buffering import Count, LocalRunner, MiniBatchBuffer, MiniBatchConfig, Sum, mini_batch
+
+from state.keys import denormalize_key
+
+from .helpers import Clock, Recorder, count_sum, count_sum_of_partials, frame, plain, random_batches
+
+ROW_BYTES = 16  # a row of two int64 columns (k, v), as the buffer estimates it (no index, no deep)
+
+
+def runner_for(fn, clock=None, **kwargs) -> LocalRunner:
+    return LocalRunner(fn, key="k", clock=clock or Clock(), **kwargs)
+
+
+def sorted_rows(out: pd.DataFrame, columns=("k", "n", "s")) -> list[tuple]:
+    """A batch's output rows as sorted tuples (an empty output has no columns at all)."""
+    if out.empty:
+        return []
+    return sorted(tuple(plain(r)) for r in out[list(columns)].itertuples(index=False, name=None))
+
+
+def rows_per_call(recorder: Recorder) -> list[int]:
+    return [sum(len(f) for f in frames) for _, frames, _ in recorder.calls]
+
+
+# ---------------------------------------------------------------- count trigger
+def test_max_rows_waits_until_n_rows_are_buffered():
+    rec = Recorder()
+    runner = runner_for(mini_batch(max_rows=4)(rec))
+    runner.process(frame(k=[1, 2, 3], v=[1, 2, 3]))
+    assert rec.calls == []
+    assert runner.instances[0].buffer.rows == 3
+
+
+def test_max_rows_counts_the_rows_of_all_keys_together():
+    rec = Recorder()
+    runner = runner_for(mini_batch(max_rows=4)(rec))
+    runner.process(frame(k=[1, 2, 3], v=[1, 2, 3]))
+    out = runner.process(frame(k=[4], v=[4]))
+    assert sorted(k for k, _, _ in rec.calls) == [(1,), (2,), (3,), (4,)]
+    assert sorted(out["k"]) == [1, 2, 3, 4]
+    assert runner.instances[0].buffer.rows == 0
+
+
+def test_max_rows_flushes_mid_batch_exactly_every_n_rows():
+    rec = Recorder()
+    runner = runner_for(mini_batch(max_rows=3)(rec))
+    runner.process(frame(k=[7] * 8, v=range(8)))
+    assert rows_per_call(rec) == [3, 3]
+    assert [f["v"].tolist() for _, frames, _ in rec.calls for f in frames] == [[0, 1, 2], [3, 4, 5]]
+    assert runner.instances[0].buffer.rows == 2  # rows 6 and 7 wait for the next trigger
+
+
+def test_max_rows_counts_rows_left_from_earlier_batches():
+    rec = Recorder()
+    runner = runner_for(mini_batch(max_rows=5)(rec))
+    runner.process(frame(k=[1, 1, 1], v=[0, 1, 2]))
+    runner.process(frame(k=[1, 1, 1, 1], v=[3, 4, 5, 6]))
+    assert rows_per_call(rec) == [5]
+    assert rec.rows_of((1,)) == [0, 1, 2, 3, 4]
+
+
+def test_max_rows_bounds_the_buffered_rows_and_every_flush_hands_exactly_n_rows():
+    max_rows = 6
+    rec = Recorder()
+    runner = runner_for(mini_batch(max_rows=max_rows)(rec))
+    for batch in random_batches(np.random.default_rng(1), 30, 20, 4):
+        runner.process(batch)
+        assert runner.instances[0].buffer.rows < max_rows
+    flushes = runner.instances[0].metrics.flushes
+    assert flushes > 5
+    assert sum(rows_per_call(rec)) == flushes * max_rows
+
+
+# ---------------------------------------------------------------- size trigger
+def test_max_bytes_waits_until_the_buffered_bytes_reach_the_bound():
+    rec = Recorder()
+    runner = runner_for(mini_batch(max_bytes=4 * ROW_BYTES)(rec))
+    runner.process(frame(k=[1, 2, 3], v=[1, 2, 3]))
+    assert rec.calls == []
+    runner.process(frame(k=[1], v=[4]))
+    assert sorted(k for k, _, _ in rec.calls) == [(1,), (2,), (3,)]
+    assert rec.rows_of((1,)) == [1, 4]
+    assert runner.instances[0].buffer.bytes == 0
+
+
+def test_max_bytes_flushes_mid_batch_so_the_buffer_stays_within_the_bound():
+    """Like max_rows, the size trigger is evaluated while a batch is added, not only at its end:
+    a 20-row batch with room for 4 rows is handed to the function in flushes of at most 4 rows."""
+    rec = Recorder()
+    runner = runner_for(mini_batch(max_bytes=4 * ROW_BYTES)(rec))
+    runner.process(frame(k=[1] * 20, v=range(20)))
+    assert rec.rows_of((1,)) == list(range(20))[: sum(rows_per_call(rec))]
+    assert max(rows_per_call(rec)) <= 4, f"rows per flush: {rows_per_call(rec)}"
+
+
+def test_max_bytes_bounds_the_buffered_bytes_after_every_batch():
+    max_bytes = 10 * ROW_BYTES
+    rec = Recorder()
+    runner = runner_for(mini_batch(max_bytes=max_bytes)(rec))
+    for batch in random_batches(np.random.default_rng(2), 20, 40, 4):
+        runner.process(batch)
+        assert runner.instances[0].buffer.bytes < max_bytes
+    assert max(rows_per_call(rec)) <= 10
+
+
+# ---------------------------------------------------------------- time trigger
+def test_max_delay_does_not_flush_before_the_oldest_row_is_old_enough():
+    clock = Clock(1_000)
+    rec = Recorder()
+    runner = runner_for(mini_batch(max_delay_ms=100)(rec), clock)
+    runner.process(frame(k=[1], v=[1]))
+    clock.now = 1_099
+    runner.process(frame(k=[2], v=[2]))
+    assert rec.calls == []
+
+
+def test_max_delay_flushes_on_process_when_the_oldest_pending_row_is_old_enough():
+    clock = Clock(1_000)
+    rec = Recorder()
+    runner = runner_for(mini_batch(max_delay_ms=100)(rec), clock)
+    runner.process(frame(k=[1], v=[1]))
+    clock.now = 1_050
+    runner.process(frame(k=[2], v=[2]))
+    clock.now = 1_100  # the row of key 1 is now 100 ms old; key 2's rows go with it
+    out = runner.process(frame(k=[3], v=[3]))
+    assert sorted(out["k"]) == [1, 2, 3]
+    assert runner.instances[0].buffer.rows == 0
+
+
+def test_max_delay_flushes_on_an_empty_batch():
+    clock = Clock(0)
+    rec = Recorder()
+    runner = runner_for(mini_batch(max_delay_ms=100)(rec), clock)
+    runner.process(frame(k=[1], v=[1]))
+    clock.now = 100
+    out = runner.process(frame(k=[], v=[]).astype({"k": "int64", "v": "int64"}))
+    assert out["k"].tolist() == [1]
+
+
+def test_max_delay_flushes_on_advance_time():
+    rec = Recorder()
+    runner = runner_for(mini_batch(max_delay_ms=100)(rec), Clock(0))
+    runner.process(frame(k=[1, 2], v=[1, 2]))
+    assert runner.advance_time(99).empty
+    out = runner.advance_time(1)
+    assert sorted(out["k"]) == [1, 2]
+    assert runner.instances[0].buffer.rows == 0
+
+
+def test_max_delay_age_of_pending_rows_survives_a_restart(tmp_path):
+    clock = Clock(0)
+    first = runner_for(mini_batch(max_delay_ms=100)(count_sum), clock, checkpoint_location=tmp_path / "ckpt")
+    first.process(frame(k=[1], v=[5]))
+    first.close()
+    clock.now = 100
+    second = runner_for(mini_batch(max_delay_ms=100)(count_sum), clock, checkpoint_location=tmp_path / "ckpt")
+    assert second.instances[0].buffer.rows == 1
+    out = second.advance_time(0)
+    assert out[["k", "n", "s"]].values.tolist() == [[1, 1, 5]]
+
+
+def test_no_trigger_flushes_every_micro_batch_at_its_end():
+    rec = Recorder()
+    runner = runner_for(mini_batch()(rec))
+    out = runner.process(frame(k=[1, 2, 1], v=[1, 2, 3]))
+    assert sorted(out["k"]) == [1, 2]
+    assert rec.rows_of((1,)) == [1, 3]
+    assert runner.instances[0].buffer.rows == 0
+
+
+# ---------------------------------------------------------------- per-key order
+@pytest.mark.parametrize("parallelism", [1, 3])
+def test_rows_of_a_key_reach_fn_in_arrival_order_across_micro_batches(parallelism):
+    rng = np.random.default_rng(7)
+    rec = Recorder()
+    runner = runner_for(mini_batch(max_rows=9)(rec), parallelism=parallelism)
+    arrived: dict[int, list[int]] = {}
+    seq = 0
+    for _ in range(12):
+        n = int(rng.integers(1, 15))
+        keys = rng.integers(0, 5, n)
+        values = np.arange(seq, seq + n)
+        seq += n
+        for k, v in zip(keys.tolist(), values.tolist()):
+            arrived.setdefault(k, []).append(v)
+        runner.process(frame(k=keys, v=values))
+    assert rec.calls, "the count trigger should have fired"
+    for k, values in arrived.items():
+        got = rec.rows_of((k,))
+        assert got == values[: len(got)], f"key {k}"
+    for _, frames, _ in rec.calls:
+        for f in frames:
+            assert f["v"].is_monotonic_increasing
+
+
+def test_rows_of_a_key_keep_arrival_order_across_a_restart(tmp_path):
+    location = tmp_path / "ckpt"
+    first = runner_for(mini_batch(max_rows=100)(count_sum), checkpoint_location=location)
+    first.process(frame(k=[1, 2, 1], v=[0, 1, 2]))
+    first.process(frame(k=[2, 1], v=[3, 4]))
+    first.close()
+    rec = Recorder()
+    second = runner_for(mini_batch(max_rows=100, max_delay_ms=1)(rec), checkpoint_location=location)
+    second.process(frame(k=[1, 2], v=[5, 6]))
+    second.advance_time(1)
+    assert rec.rows_of((1,)) == [0, 2, 4, 5]
+    assert rec.rows_of((2,)) == [1, 3, 6]
+
+
+def test_a_keys_buffered_rows_reach_fn_before_its_timeout_fires():
+    """A row that arrived before a key's timeout is due must not be handed to fn after the timeout call:
+    without the buffer (and in Spark) that row would have reached fn first and reset the timeout."""
+    events = []
+
+    @mini_batch(max_rows=100, max_delay_ms=10_000)
+    def session(key, rows, state):
+        if state.hasTimedOut:
+            events.append("timeout")
+            state.remove()
+            return iter(())
+        frames = list(rows)
+        events.append(f"rows:{sum(len(f) for f in frames)}")
+        state.update(((state.get[0] if state.exists else 0) + sum(len(f) for f in frames),))
+        state.setTimeoutDuration(1_000)
+        return iter(())
+
+    clock = Clock(0)
+    runner = runner_for(session, clock, timeout="processing")
+    runner.process(frame(k=[1] * 100, v=range(100)))  # flushed by the count trigger; times out after 1000
+    clock.now = 500
+    runner.process(frame(k=[1], v=[100]))  # buffered, arrived before the timeout is due
+    clock.now = 1_500
+    runner.advance_time(0)
+    clock.now = 20_000
+    runner.advance_time(0)
+    assert events[:2] == ["rows:100", "rows:1"], events
+
+
+def test_flush_calls_fn_once_per_buffered_key():
+    rec = Recorder()
+    runner = runner_for(mini_batch(max_rows=6)(rec))
+    runner.process(frame(k=[1, 2, 1, 2, 1, 3], v=range(6)))
+    assert sorted(k for k, _, _ in rec.calls) == [(1,), (2,), (3,)]
+
+
+# ---------------------------------------------------------------- combine
+COMBINE = {"n": Count(), "s": Sum("v")}
+
+
+@pytest.mark.parametrize("max_rows", [1, 5, 23])
+@pytest.mark.parametrize("parallelism", [1, 2])
+def test_combine_ends_in_the_same_state_and_output_as_no_combine(max_rows, parallelism):
+    batches = random_batches(np.random.default_rng(max_rows), 10, 25, 6)
+    plain_runner = runner_for(mini_batch(max_rows=max_rows, max_delay_ms=1_000)(count_sum), parallelism=parallelism)
+    combined_runner = runner_for(
+        mini_batch(max_rows=max_rows, max_delay_ms=1_000, combine=COMBINE)(count_sum_of_partials),
+        parallelism=parallelism,
+    )
+    for batch in batches:
+        a = plain_runner.process(batch)
+        b = combined_runner.process(batch)
+        assert sorted_rows(b) == sorted_rows(a)
+    plain_runner.advance_time(1_000)
+    combined_runner.advance_time(1_000)
+    assert plain(combined_runner.state()) == plain(plain_runner.state())
+    expected = pd.concat(batches).groupby("k")["v"].agg(["size", "sum"])
+    assert plain(plain_runner.state()) == {(k,): (int(r["size"]), int(r["sum"])) for k, r in expected.iterrows()}
+
+
+def test_a_callable_combiner_ends_in_the_same_state_as_no_combine():
+    def weighted(key, rows, state):
+        n, s = state.get if state.exists else (0, 0)
+        for f in rows:
+            n += int(f["w"].sum())
+            s += int(f["v"].sum())
+        state.update((n, s))
+        return iter(())
+
+    def reduce_rows(pdf: pd.DataFrame) -> pd.DataFrame:
+        return pdf.groupby("k", as_index=False)[["v", "w"]].sum()
+
+    batches = [b.assign(w=1) for b in random_batches(np.random.default_rng(3), 8, 20, 5)]
+    expected = runner_for(mini_batch(max_rows=7, max_delay_ms=10)(weighted))
+    combined = runner_for(mini_batch(max_rows=7, max_delay_ms=10, combine=reduce_rows)(weighted))
+    for batch in batches:
+        expected.process(batch)
+        combined.process(batch)
+    expected.advance_time(10)
+    combined.advance_time(10)
+    assert plain(combined.state()) == plain(expected.state())
+
+
+def test_with_combine_fn_receives_one_combined_row_per_key_and_flush():
+    rec = Recorder(count_sum_of_partials)
+    runner = runner_for(mini_batch(max_rows=6, combine=COMBINE)(rec))
+    runner.process(frame(k=[1, 2, 1, 1, 2, 3], v=[1, 2, 3, 4, 5, 6]))
+    by_key = {k: frames for k, frames, _ in rec.calls}
+    assert set(by_key) == {(1,), (2,), (3,)}
+    for frames in by_key.values():
+        assert sum(len(f) for f in frames) == 1
+    assert by_key[(1,)][0][["n", "s"]].values.tolist() == [[3, 8]]
+
+
+def test_with_combine_the_buffer_holds_one_partial_per_key_not_rows():
+    runner = runner_for(mini_batch(max_delay_ms=10**9, combine=COMBINE)(count_sum_of_partials))
+    rng = np.random.default_rng(0)
+    runner.process(frame(k=rng.integers(0, 5, 100), v=rng.integers(0, 9, 100)))
+    buffer = runner.instances[0].buffer
+    small = len(pickle.dumps(buffer.snapshot()))
+    for _ in range(20):
+        runner.process(frame(k=rng.integers(0, 5, 500), v=rng.integers(0, 9, 500)))
+    assert buffer.rows == 10_100
+    assert len(buffer) == 5  # keys, not rows
+    snapshot = buffer.snapshot()
+    assert len(snapshot) == 5
+    for _, (_, _, rows, payload) in snapshot.items():
+        assert set(payload) == {"n", "s"}
+        assert np.ndim(payload["n"]) == 0 and np.ndim(payload["s"]) == 0  # one partial, not rows
+    assert len(pickle.dumps(snapshot)) <= small + 5 * 16  # O(keys): bigger sums only, no rows
+
+
+def test_without_combine_the_buffer_keeps_every_row():
+    runner = runner_for(mini_batch(max_delay_ms=10**9)(count_sum))
+    runner.process(frame(k=[1, 1, 2], v=[1, 2, 3]))
+    snapshot = runner.instances[0].buffer.snapshot()
+    assert {denormalize_key(k): plain(p["v"]) for k, (_, _, _, p) in snapshot.items()} == {(1,): [1, 2], (2,): [3]}
+
+
+# ---------------------------------------------------------------- MiniBatchBuffer directly
+def test_buffer_room_is_what_fits_before_the_count_trigger():
+    buffer = MiniBatchBuffer(["k"], MiniBatchConfig(max_rows=5))
+    assert buffer.room() == 5
+    buffer.add(frame(k=[1, 2], v=[1, 2]), arrival_ms=0)
+    assert buffer.room() == 3
+    assert MiniBatchBuffer(["k"], MiniBatchConfig(max_delay_ms=5)).room() is None
+
+
+def test_buffer_drain_yields_keys_in_first_arrival_order_and_empties_the_buffer():
+    buffer = MiniBatchBuffer(["k"], MiniBatchConfig(max_rows=100))
+    buffer.add(frame(k=[3, 1, 3], v=[0, 1, 2]), arrival_ms=0)
+    buffer.add(frame(k=[2, 1], v=[3, 4]), arrival_ms=5)
+    drained = [(denormalize_key(k), f["v"].tolist()) for k, f in buffer.drain()]
+    assert drained == [((3,), [0, 2]), ((1,), [1, 4]), ((2,), [3])]
+    assert buffer.rows == 0 and len(buffer) == 0 and not buffer.should_flush(10**9)
+
+
+def test_buffer_snapshot_and_restore_give_back_the_same_pending_rows():
+    config = MiniBatchConfig(max_rows=100, max_delay_ms=50)
+    buffer = MiniBatchBuffer(["k"], config)
+    buffer.add(frame(k=[3, 1, 3], v=[0, 1, 2]), arrival_ms=10)
+    buffer.add(frame(k=[2, 1], v=[3, 4]), arrival_ms=20)
+    copy = MiniBatchBuffer(["k"], config)
+    copy.restore(iter(buffer.snapshot().items()))
+    assert (copy.rows, len(copy), copy.oldest_ms) == (5, 3, 10)
+    assert copy.should_flush(60) and not copy.should_flush(59)
+    assert [(k, f["v"].tolist()) for k, f in copy.drain()] == [(k, f["v"].tolist()) for k, f in buffer.drain()]
+
+
+def test_buffer_rejects_null_keys():
+    buffer = MiniBatchBuffer(["k"], MiniBatchConfig(max_rows=10))
+    with pytest.raises(ValueError, match="null"):
+        buffer.add(pd.DataFrame({"k": [1.0, None], "v": [1, 2]}), arrival_ms=0)

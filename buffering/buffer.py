@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 import pandas as pd
 
-from state.keys import NormalizedKey, denormalize_key, normalize_key
+from state.keys import NormalizedKey, normalize_key
 
 from .aggregations import Aggregations
 from .decorators import MiniBatchConfig
@@ -98,6 +98,9 @@ class MiniBatchBuffer:
         """Keys pending."""
         return len(self._keys)
 
+    def __contains__(self, nkey: object) -> bool:
+        return nkey in self._keys
+
     # ------------------------------------------------------------ adding
     def add(self, frame: pd.DataFrame, arrival_ms: int) -> None:
         """Buffer ``frame`` (arrived at ``arrival_ms``); rows keep their order per key."""
@@ -151,12 +154,9 @@ class MiniBatchBuffer:
         self._reset()
         self.flushes += 1
         if self.aggregations is not None:
-            # One frame for the whole flush (key columns, then one column of partials per
-            # output); each key gets a one-row slice of it, far cheaper than a frame per key.
+            # One frame for the whole flush (one column of partials per output, as a direct
+            # call combines them); each key gets a one-row slice, far cheaper than a frame per key.
             columns: dict[str, Any] = {}
-            key_values = [denormalize_key(k) for k in keys]
-            for position, column in enumerate(self.key_columns):
-                columns[column] = [values[position] for values in key_values]
             for name in self.aggregations:
                 columns[name] = _object_column([partials[k].get(name) for k in keys])
             combined = pd.DataFrame(columns)

@@ -126,6 +126,7 @@ class LocalRunner:
         self._max_event_time_ms = NO_TIMESTAMP
         self._manifest: Optional[Manifest] = None
         self._instances: Optional[list[OperatorInstance]] = None
+        self._closed = False
         self.last_batch_stats: dict[str, Any] = {}
         if self.storage is not None:
             latest = self.storage.latest_version()
@@ -199,6 +200,7 @@ class LocalRunner:
 
     def process(self, pdf: pd.DataFrame) -> pd.DataFrame:
         """Run one micro-batch; return its output rows."""
+        self._reopen_if_closed()
         if not isinstance(pdf, pd.DataFrame):
             raise TypeError(f"process() takes a pandas DataFrame, got {type(pdf).__name__}")
         missing = [c for c in self.key_columns + ([self.event_time] if self.event_time else []) if c not in pdf.columns]
@@ -214,6 +216,7 @@ class LocalRunner:
         """Move processing time forward by ``ms`` and run an empty batch: time triggers and timeouts fire."""
         if ms < 0:
             raise ValueError(f"time only moves forward, got advance_time({ms!r})")
+        self._reopen_if_closed()
         self._time_offset_ms += int(ms)
         if self._instances is None:
             if self.key_types is None:
@@ -234,7 +237,12 @@ class LocalRunner:
             frame = pdf.reset_index(drop=True)
             if self.event_time is not None:
                 event_ms = _event_time_ms(frame[self.event_time])
-                late = event_ms < watermark
+                # As Spark's (flat)MapGroupsWithState: with an event-time timeout, rows at or
+                # before the watermark are late and dropped; otherwise every row is processed.
+                if self.timeout_conf == GroupStateTimeout.EventTimeTimeout:
+                    late = event_ms <= watermark
+                else:
+                    late = np.zeros(len(event_ms), dtype=bool)
                 if late.any():
                     dropped_late = int(late.sum())
                     frame = frame.loc[~late].reset_index(drop=True)
@@ -290,6 +298,19 @@ class LocalRunner:
         }
         return out
 
+    def _reopen_if_closed(self) -> None:
+        """After close(): resume from the checkpoint, or refuse when there is none (the state is gone)."""
+        if not self._closed:
+            return
+        if self.storage is None:
+            raise RuntimeError("this LocalRunner is closed and had no checkpoint location: its state is gone")
+        self._closed = False
+        latest = self.storage.latest_version()
+        self._manifest = self.storage.read_manifest(latest) if latest is not None else None
+        self.version = latest
+        if self.key_types is not None:
+            self._start_instances()
+
     def _before_commit(self, version: int) -> None:
         """Hook between the task files and the manifest (tests inject crashes here)."""
 
@@ -314,6 +335,7 @@ class LocalRunner:
 
     def close(self) -> None:
         """Release the instances' stores (the checkpoint stays)."""
+        self._closed = True
         if self._instances is not None:
             for instance in self._instances:
                 instance.close()

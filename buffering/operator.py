@@ -219,9 +219,13 @@ class OperatorInstance:
         due = self.timers.due(threshold)
         if not due:
             return []
+        outputs: list[pd.DataFrame] = []
+        if any(nkey in self.buffer for _, nkey in due):
+            # A key's buffered rows reach the function before its timeout does (and that call resets it).
+            outputs.extend(self.flush(processing_time_ms, watermark_ms))
+            due = self.timers.due(threshold)
         keys = [nkey for _, nkey in due]
         values = self.state.get_many(keys)
-        outputs: list[pd.DataFrame] = []
         for nkey, value in zip(keys, values):
             self.metrics.timeouts += 1
             outputs.extend(self._call(nkey, None, value, True, processing_time_ms, watermark_ms))

@@ -94,11 +94,6 @@ def checkpoint_table(location: Any, table: str = "state", version: Optional[int]
     }
 
 
-def pending_without_arrival_ids(location: Any, version: Optional[int] = None) -> dict[tuple, Any]:
-    """The checkpointed ``pending`` table without the per-instance arrival ids (they depend on parallelism)."""
-    return {k: v[1:] for k, v in checkpoint_table(location, "pending", version).items()}
-
-
 def with_batch(outputs: list[pd.DataFrame]) -> pd.DataFrame:
     """Per-batch outputs as one frame with a ``batch`` column, sorted by batch then key (canonical order)."""
     tagged = [f.assign(batch=i) for i, f in enumerate(outputs) if len(f)]

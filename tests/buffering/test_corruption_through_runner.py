@@ -1,4 +1,4 @@
-"""A damaged checkpoint, seen through the runner: a clear error naming file and key group; the previous version restores.
+"""A damaged checkpoint seen through the runner: an error naming file and key group; the previous version restores.
 
 DESIGN "Checkpoints": a corrupt or missing section is a clear error naming the
 file and key group; the previous version stays restorable.
@@ -48,7 +48,8 @@ def sections_of_latest_file(location) -> tuple[str, list]:
     """The newest version's first task file (relative path) and the sections the manifest reads from it."""
     storage = CheckpointStorage(location)
     manifest = storage.read_manifest(storage.latest_version())
-    refs = [ref for chain in manifest.chains.values() for ref in chain if ref.file.startswith(f"data/v{manifest.version:010d}")]
+    prefix = f"data/v{manifest.version:010d}"
+    refs = [ref for chain in manifest.chains.values() for ref in chain if ref.file.startswith(prefix)]
     files = sorted({ref.file for ref in refs})
     assert files, "the newest version wrote no task file"
     file = files[0]

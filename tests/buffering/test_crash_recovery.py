@@ -3,7 +3,8 @@
 The operator keeps a per-key running count and sum behind ``mini_batch(max_rows=7)``
 and ``cached_state(max_entries=3, store="rocksdb")`` (so flushes happen mid-batch,
 rows stay pending across batches, and the cache evicts), and sets a
-processing-time timeout (so timers fire and are checkpointed too).
+processing-time or (in half the trials) an event-time timeout, so timers fire
+and are checkpointed too, and the watermark (kept in the manifest) drops late rows.
 
 Each trial runs the micro-batches of a dataset on a fresh checkpoint location
 and crashes one or two times at a random batch and point:
@@ -24,6 +25,7 @@ the reference's. 200 trials, each a separate test id (seeded, reproducible).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import random
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -46,6 +48,8 @@ N_TRIALS = 200
 POINTS = ("mid-batch", "in-checkpoint", "before-manifest", "after-manifest")
 TIMEOUT_MS = 2_500
 BATCH_TIMES_MS = (0, 1_000, 2_000, 6_000, 7_000, 12_000)  # gaps past TIMEOUT_MS: timers fire
+WATERMARK_DELAY_MS = 500
+EVENT_TIMEOUT_MS = 1_000
 RETRY_LATE_MS = 700  # the clock when a batch is retried after a crash, past its first attempt's time
 
 
@@ -76,9 +80,7 @@ class Hook:
 HOOK = Hook()
 
 
-@mini_batch(max_rows=7)
-@cached_state(max_entries=3, store="rocksdb")
-def running_count_sum(key, rows, state):
+def count_sum_expiring(key, rows, state, set_timeout):
     HOOK.tick()
     if state.hasTimedOut:
         n, s = state.get
@@ -90,19 +92,43 @@ def running_count_sum(key, rows, state):
         n += len(f)
         s += int(f["v"].sum())
     state.update((n, s))
-    state.setTimeoutDuration(TIMEOUT_MS)
+    set_timeout(state)
     yield pd.DataFrame({"k": [key[0]], "n": [n], "s": [s], "timed_out": [False]})
 
 
-def new_runner(location: Any, parallelism: int, clock: Clock) -> LocalRunner:
+@mini_batch(max_rows=7)
+@cached_state(max_entries=3, store="rocksdb")
+def processing_time_operator(key, rows, state):
+    """Running count and sum per key; a key idle for TIMEOUT_MS of processing time is emitted and dropped."""
+    return count_sum_expiring(key, rows, state, lambda s: s.setTimeoutDuration(TIMEOUT_MS))
+
+
+@mini_batch(max_rows=7)
+@cached_state(max_entries=3, store="rocksdb")
+def event_time_operator(key, rows, state):
+    """The same with an event-time timeout: EVENT_TIMEOUT_MS past the watermark of the key's last flush."""
+    return count_sum_expiring(
+        key, rows, state, lambda s: s.setTimeoutTimestamp(s.getCurrentWatermarkMs() + EVENT_TIMEOUT_MS)
+    )
+
+
+MODES = ("processing", "event")
+OPERATORS = {"processing": processing_time_operator, "event": event_time_operator}
+
+
+def new_runner(location: Any, parallelism: int, clock: Clock, mode: str) -> LocalRunner:
+    event = {"event_time": "ts", "watermark_delay_ms": WATERMARK_DELAY_MS} if mode == "event" else {}
     return LocalRunner(
-        running_count_sum, key="k", parallelism=parallelism, max_parallelism=MAX_PARALLELISM,
-        checkpoint_location=location, timeout="processing", clock=clock,
+        OPERATORS[mode], key="k", parallelism=parallelism, max_parallelism=MAX_PARALLELISM,
+        checkpoint_location=location, timeout=mode, clock=clock, **event,
     )
 
 
 def dataset(index: int) -> list[pd.DataFrame]:
-    return random_batches(np.random.default_rng(1000 + index), N_BATCHES, 12, 8)
+    """Small random batches; ``ts`` is near the batch's time, so some rows arrive behind the watermark."""
+    rng = np.random.default_rng(1000 + index)
+    batches = random_batches(rng, N_BATCHES, 12, 8)
+    return [b.assign(ts=BATCH_TIMES_MS[i] + rng.integers(-1_500, 500, len(b))) for i, b in enumerate(batches)]
 
 
 def run_batch(runner: LocalRunner, clock: Clock, batches: list[pd.DataFrame], i: int, late_ms: int = 0) -> pd.DataFrame:
@@ -118,6 +144,7 @@ class Reference:
     pending: list[int]  # rows left in the buffers after each batch
     timers: list[int]  # timers set after each batch
     evictions: int
+    dropped_late: list[int]  # rows behind the watermark per batch (event time)
     state: dict
     checkpoint: dict  # read_state of the last version
     held: dict[str, dict]  # pending rows and timers at the end
@@ -133,40 +160,41 @@ def pending_and_timers(runner: LocalRunner) -> dict[str, dict]:
 
 
 @pytest.fixture(scope="module")
-def references(tmp_path_factory) -> dict[tuple[int, int], Reference]:
+def references(tmp_path_factory) -> dict[tuple[int, int, str], Reference]:
     out = {}
-    for d in range(N_DATASETS):
+    for d, p, mode in itertools.product(range(N_DATASETS), PARALLELISMS, MODES):
         batches = dataset(d)
-        for p in PARALLELISMS:
-            location = tmp_path_factory.mktemp(f"reference-{d}-{p}") / "ckpt"
-            clock = Clock()
-            runner = new_runner(location, p, clock)
-            outputs, calls, pending, timers = [], [], [], []
-            for i in range(N_BATCHES):
-                HOOK.arm(10**9)  # counts calls, never raises
-                outputs.append(run_batch(runner, clock, batches, i))
-                calls.append(HOOK.calls)
-                HOOK.disarm()
-                pending.append(sum(instance.buffer.rows for instance in runner.instances))
-                timers.append(sum(len(instance.timers) for instance in runner.instances))
-            evictions = sum(instance.cache.stats()["evictions"] for instance in runner.instances)
-            held = pending_and_timers(runner)
-            for table in ("pending", "timers"):  # what the runner holds is what its last version stores
-                assert checkpoint_table(location, table) == held[table]
-            out[(d, p)] = Reference(with_batch(outputs), calls, pending, timers, evictions, plain(runner.state()),
-                                    checkpoint_table(location), held)
-            runner.close()
+        location = tmp_path_factory.mktemp(f"reference-{d}-{p}-{mode}") / "ckpt"
+        clock = Clock()
+        runner = new_runner(location, p, clock, mode)
+        outputs, calls, pending, timers, dropped = [], [], [], [], []
+        for i in range(N_BATCHES):
+            HOOK.arm(10**9)  # counts calls, never raises
+            outputs.append(run_batch(runner, clock, batches, i))
+            calls.append(HOOK.calls)
+            HOOK.disarm()
+            pending.append(sum(instance.buffer.rows for instance in runner.instances))
+            timers.append(sum(len(instance.timers) for instance in runner.instances))
+            dropped.append(runner.stats()["dropped_late_rows"])
+        evictions = sum(instance.cache.stats()["evictions"] for instance in runner.instances)
+        held = pending_and_timers(runner)
+        for table in ("pending", "timers"):  # what the runner holds is what its last version stores
+            assert checkpoint_table(location, table) == held[table]
+        out[(d, p, mode)] = Reference(with_batch(outputs), calls, pending, timers, evictions, dropped,
+                                      plain(runner.state()), checkpoint_table(location), held)
+        runner.close()
     return out
 
 
 def test_the_reference_runs_exercise_flushes_evictions_pending_rows_and_timeouts(references):
-    for (d, p), ref in references.items():
-        assert ref.outputs["timed_out"].any(), (d, p)
-        assert (~ref.outputs["timed_out"]).any(), (d, p)
-        assert any(ref.pending[:-1]), (d, p)  # rows pending across a checkpoint
-        assert ref.evictions > 0, (d, p)
-        assert any(ref.timers[:-1]), (d, p)  # timers set across a checkpoint
-        assert sum(1 for c in ref.calls if c == 0) < N_BATCHES, (d, p)
+    for case, ref in references.items():
+        assert ref.outputs["timed_out"].any(), case
+        assert (~ref.outputs["timed_out"]).any(), case
+        assert any(ref.pending[:-1]), case  # rows pending across a checkpoint
+        assert ref.evictions > 0, case
+        assert any(ref.timers[:-1]), case  # timers set across a checkpoint
+        if case[2] == "event":
+            assert sum(ref.dropped_late) > 0, case
 
 
 @dataclass(frozen=True)
@@ -180,12 +208,13 @@ class CrashAt:
 class Plan:
     dataset: int
     parallelism: int
+    mode: str
     crashes: list[CrashAt] = field(default_factory=list)
 
 
 def plan(trial: int) -> Plan:
     rng = random.Random(trial)
-    p = Plan(dataset=rng.randrange(N_DATASETS), parallelism=rng.choice(PARALLELISMS))
+    p = Plan(dataset=rng.randrange(N_DATASETS), parallelism=rng.choice(PARALLELISMS), mode=rng.choice(MODES))
     first = rng.randrange(N_BATCHES)
     p.crashes.append(CrashAt(first, rng.choice(POINTS), rng.random()))
     if rng.random() < 0.3:  # a second crash while recovering
@@ -200,8 +229,9 @@ def test_the_trials_cover_every_batch_point_and_parallelism():
     assert {c.batch for c in crashes} == set(range(N_BATCHES))
     assert {p.parallelism for p in plans} == set(PARALLELISMS)
     assert {p.dataset for p in plans} == set(range(N_DATASETS))
+    assert {p.mode for p in plans} == set(MODES)
     assert sum(len(p.crashes) == 2 for p in plans) >= 30
-    assert len({(p.dataset, p.parallelism, tuple(p.crashes)) for p in plans}) == N_TRIALS
+    assert len({(p.dataset, p.parallelism, p.mode, tuple(p.crashes)) for p in plans}) == N_TRIALS
 
 
 def crash(runner: LocalRunner, clock: Clock, batches: list[pd.DataFrame], at: CrashAt, calls: int,
@@ -242,7 +272,7 @@ def crash(runner: LocalRunner, clock: Clock, batches: list[pd.DataFrame], at: Cr
 @pytest.mark.parametrize("trial", range(N_TRIALS))
 def test_crash_restore_and_replay_gives_exactly_the_reference_state_and_output(trial, references, tmp_path):
     p = plan(trial)
-    ref = references[(p.dataset, p.parallelism)]
+    ref = references[(p.dataset, p.parallelism, p.mode)]
     batches = dataset(p.dataset)
     location = tmp_path / "ckpt"
     clock = Clock()
@@ -254,7 +284,7 @@ def test_crash_restore_and_replay_gives_exactly_the_reference_state_and_output(t
         assert i not in committed, f"batch {i} committed twice (an update doubled)"
         committed[i] = out
 
-    runner = new_runner(location, p.parallelism, clock)
+    runner = new_runner(location, p.parallelism, clock, p.mode)
     try:
         for at in p.crashes:
             next_batch = 0 if runner.version is None else runner.version + 1
@@ -270,7 +300,7 @@ def test_crash_restore_and_replay_gives_exactly_the_reference_state_and_output(t
             if out is not None:
                 record(at.batch, out)
             abandoned.append(runner)  # no close(): its cache and working RocksDB die with it
-            runner = new_runner(location, p.parallelism, clock)
+            runner = new_runner(location, p.parallelism, clock, p.mode)
             expected_version = max(committed) if committed else None
             assert runner.version == expected_version
         next_batch = 0 if runner.version is None else runner.version + 1

@@ -71,7 +71,9 @@ def test_decorated_function_exposes_its_configuration_in___opbuffer__():
     spec = fn.__opbuffer__
     assert isinstance(spec, OperatorSpec)
     assert spec.mini_batch == MiniBatchConfig(max_rows=100, max_bytes=1 << 20, max_delay_ms=250)
-    assert spec.state == StateConfig(max_entries=5, policy="lfu", store="rocksdb", low_watermark=0.5, high_watermark=0.8)
+    assert spec.state == StateConfig(
+        max_entries=5, policy="lfu", store="rocksdb", low_watermark=0.5, high_watermark=0.8
+    )
     assert spec.state.cached
     assert spec.aggregations is None
     assert spec_of(fn) is spec

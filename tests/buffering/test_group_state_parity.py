@@ -114,7 +114,9 @@ CALLS: dict[str, Callable[[Any], Any]] = {
     "setTimeoutTimestamp-naive-datetime": then_timeout(
         lambda s: s.setTimeoutTimestamp(dt.datetime(2030, 1, 2, 3, 4, 5, 678_000))
     ),
-    "setTimeoutTimestamp-old-datetime": lambda s: s.setTimeoutTimestamp(dt.datetime(2001, 1, 1, tzinfo=dt.timezone.utc)),
+    "setTimeoutTimestamp-old-datetime": lambda s: s.setTimeoutTimestamp(
+        dt.datetime(2001, 1, 1, tzinfo=dt.timezone.utc)
+    ),
     "getCurrentWatermarkMs": lambda s: s.getCurrentWatermarkMs(),
     "getCurrentProcessingTimeMs": lambda s: s.getCurrentProcessingTimeMs(),
     "no-timeout-set": timeout_of,

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from buffering import LocalRunner, aggregate, cached_state, mini_batch, Count, Sum, Max
+from buffering import Count, LocalRunner, Max, Sum, aggregate, cached_state, mini_batch
 
 from .helpers import Clock, checkpoint_table, count_sum, plain, random_batches, with_batch
 

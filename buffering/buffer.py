@@ -59,6 +59,7 @@ class MiniBatchBuffer:
         self._keys: dict[NormalizedKey, int] = {}  # key -> id, in first-arrival order
         self._arrival: dict[NormalizedKey, int] = {}
         self._key_rows: dict[NormalizedKey, int] = {}  # rows per key (the count trigger survives restores)
+        self._key_bytes: dict[NormalizedKey, float] = {}  # input bytes per key (so does the size trigger)
         self._chunks: list[_Chunk] = []
         self._partials: dict[NormalizedKey, Any] = {}  # combine mode: key -> accumulator / frame
 
@@ -109,21 +110,26 @@ class MiniBatchBuffer:
         codes, uniques = factorize_keys(frame, self.key_columns)
         ids = np.empty(len(uniques), dtype=np.int64)
         counts = np.bincount(codes, minlength=len(uniques)).tolist()
+        sized = self.config is not None and self.config.max_bytes is not None
+        frame_bytes = int(frame.memory_usage(index=False, deep=False).sum()) if sized else 0
+        row_bytes = frame_bytes / len(frame)
         keys = self._keys
         key_rows = self._key_rows
+        key_bytes = self._key_bytes
         for i, nkey in enumerate(uniques):
             kid = keys.get(nkey)
             if kid is None:
                 kid = keys[nkey] = len(keys)
                 self._arrival[nkey] = arrival_ms
                 key_rows[nkey] = 0
+                key_bytes[nkey] = 0.0
             key_rows[nkey] += counts[i]
+            key_bytes[nkey] += counts[i] * row_bytes
             ids[i] = kid
         if self.oldest_ms is None:
             self.oldest_ms = arrival_ms
         self.rows += len(frame)
-        if self.config is not None and self.config.max_bytes is not None:
-            self.bytes += int(frame.memory_usage(index=False, deep=False).sum())
+        self.bytes += frame_bytes
         if self.aggregations is not None:
             partials = self.aggregations.partials(frame, self.key_columns)
             for nkey, (_, accumulator) in zip(uniques, self.aggregations.rows(partials)):
@@ -184,6 +190,7 @@ class MiniBatchBuffer:
         self._keys = {}
         self._arrival = {}
         self._key_rows = {}
+        self._key_bytes = {}
         self._chunks = []
         self._partials = {}
         self.rows = 0
@@ -191,43 +198,49 @@ class MiniBatchBuffer:
         self.oldest_ms = None
 
     # ------------------------------------------------------------ checkpointing
-    def snapshot(self) -> dict[NormalizedKey, tuple[int, int, int, Any]]:
-        """What is pending, per key: ``(arrival order, arrival_ms, rows, payload)``; the buffer is unchanged.
+    def snapshot(self) -> dict[NormalizedKey, tuple[int, int, int, int, Any]]:
+        """What is pending, per key: ``(arrival order, arrival_ms, rows, bytes, payload)``; the buffer is unchanged.
 
         The payload is the key's rows as ``{column: ndarray}``, its accumulator,
-        or its combined rows. Rows per key keep the count trigger exact after a restore.
+        or its combined rows. Input rows and bytes per key keep the count and
+        size triggers exact after a restore.
         """
-        out: dict[NormalizedKey, tuple[int, int, int, Any]] = {}
+        out: dict[NormalizedKey, tuple[int, int, int, int, Any]] = {}
         if self.combined:
             for nkey, kid in self._keys.items():
                 value = self._partials[nkey]
                 if isinstance(value, pd.DataFrame):
                     value = _columns(value)
-                out[nkey] = (kid, self._arrival[nkey], self._key_rows[nkey], value)
+                out[nkey] = (kid, self._arrival[nkey], self._key_rows[nkey], round(self._key_bytes[nkey]), value)
             return out
         if self._chunks:
             for nkey, rows in _grouped(self._chunks, list(self._keys)):
-                out[nkey] = (self._keys[nkey], self._arrival[nkey], self._key_rows[nkey], _columns(rows))
+                out[nkey] = (
+                    self._keys[nkey],
+                    self._arrival[nkey],
+                    self._key_rows[nkey],
+                    round(self._key_bytes[nkey]),
+                    _columns(rows),
+                )
         return out
 
-    def restore(self, pending: Iterator[tuple[NormalizedKey, tuple[int, int, int, Any]]]) -> None:
+    def restore(self, pending: Iterator[tuple[NormalizedKey, tuple[int, int, int, int, Any]]]) -> None:
         """Refill the buffer from snapshots (after a restore), in the original arrival order."""
         self._reset()
-        for nkey, (_, arrival_ms, rows, value) in sorted(pending, key=lambda item: (item[1][1], item[1][0])):
+        for nkey, (_, arrival_ms, rows, size, value) in sorted(pending, key=lambda item: (item[1][1], item[1][0])):
             self._keys[nkey] = len(self._keys)
             self._arrival[nkey] = arrival_ms
             self._key_rows[nkey] = rows
+            self._key_bytes[nkey] = float(size)
             self.rows += rows
+            self.bytes += size
             self.oldest_ms = arrival_ms if self.oldest_ms is None else min(self.oldest_ms, arrival_ms)
             if self.aggregations is not None:
                 self._partials[nkey] = value
-                continue
-            frame = pd.DataFrame(value)
-            if self.config is not None and self.config.max_bytes is not None:
-                self.bytes += int(frame.memory_usage(index=False, deep=False).sum())
-            if self.combine_fn is not None:
-                self._partials[nkey] = frame
+            elif self.combine_fn is not None:
+                self._partials[nkey] = pd.DataFrame(value)
             else:
+                frame = pd.DataFrame(value)
                 self._chunks.append(_Chunk(frame, np.full(len(frame), self._keys[nkey], dtype=np.int64)))
 
 

@@ -14,7 +14,6 @@ import pandas as pd
 import pytest
 
 from buffering import Count, LocalRunner, MiniBatchBuffer, MiniBatchConfig, Sum, mini_batch
-
 from state.keys import denormalize_key
 
 from .helpers import Clock, Recorder, count_sum, count_sum_of_partials, frame, plain, random_batches
@@ -360,7 +359,7 @@ def test_with_combine_the_buffer_holds_one_partial_per_key_not_rows():
     assert len(buffer) == 5  # keys, not rows
     snapshot = buffer.snapshot()
     assert len(snapshot) == 5
-    for _, (_, _, rows, payload) in snapshot.items():
+    for _, (_, _, rows, _, payload) in snapshot.items():
         assert set(payload) == {"n", "s"}
         assert np.ndim(payload["n"]) == 0 and np.ndim(payload["s"]) == 0  # one partial, not rows
     assert len(pickle.dumps(snapshot)) <= small + 5 * 16  # O(keys): bigger sums only, no rows
@@ -370,7 +369,7 @@ def test_without_combine_the_buffer_keeps_every_row():
     runner = runner_for(mini_batch(max_delay_ms=10**9)(count_sum))
     runner.process(frame(k=[1, 1, 2], v=[1, 2, 3]))
     snapshot = runner.instances[0].buffer.snapshot()
-    assert {denormalize_key(k): plain(p["v"]) for k, (_, _, _, p) in snapshot.items()} == {(1,): [1, 2], (2,): [3]}
+    assert {denormalize_key(k): plain(p["v"]) for k, (*_, p) in snapshot.items()} == {(1,): [1, 2], (2,): [3]}
 
 
 # ---------------------------------------------------------------- MiniBatchBuffer directly

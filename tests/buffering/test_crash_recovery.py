@@ -35,7 +35,6 @@ import pandas as pd
 import pytest
 
 from buffering import LocalRunner, OperatorInstance, cached_state, mini_batch
-
 from state.keys import denormalize_key
 
 from .helpers import Clock, checkpoint_table, plain, random_batches, with_batch

@@ -136,15 +136,7 @@ class MiniBatchBuffer:
                 previous = self._partials.get(nkey)
                 self._partials[nkey] = accumulator if previous is None else self.aggregations.merge(previous, accumulator)
         elif self.combine_fn is not None:
-            order = np.argsort(codes, kind="stable")
-            sorted_codes = codes[order]
-            bounds = np.flatnonzero(np.diff(sorted_codes)) + 1
-            starts = np.concatenate(([0], bounds))
-            ends = np.concatenate((bounds, [len(codes)]))
-            taken = frame.take(order)
-            for start, end in zip(starts, ends):
-                nkey = uniques[sorted_codes[start]]
-                rows = taken.iloc[start:end]
+            for nkey, rows in _grouped([_Chunk(frame.reset_index(drop=True), codes)], uniques):
                 previous = self._partials.get(nkey)
                 rows = rows if previous is None else pd.concat([previous, rows], ignore_index=True)
                 self._partials[nkey] = self.combine_fn(rows.reset_index(drop=True))

@@ -123,8 +123,9 @@ def spec_of(fn: Any) -> OperatorSpec:
     return OperatorSpec(function=fn)
 
 
-def _combine_rows(config: MiniBatchConfig, frames: Iterator[pd.DataFrame], key_columns: list[str]) -> pd.DataFrame:
-    rows = pd.concat(list(frames), ignore_index=True) if frames is not None else pd.DataFrame()
+def _combine_rows(config: MiniBatchConfig, frames: Iterator[pd.DataFrame]) -> pd.DataFrame:
+    """The key's rows combined as the buffer would: the callable's frame, or one row of partials."""
+    rows = pd.concat(list(frames), ignore_index=True)
     if callable(config.combine):
         return config.combine(rows)
     aggs = config.aggregations
@@ -144,7 +145,7 @@ def _wrap(fn: Any, spec: OperatorSpec) -> Callable[..., Iterator[pd.DataFrame]]:
         # Called by Spark's applyInPandasWithState: Spark's state is the system of
         # record; the only work done here is combining the key's rows first.
         if config is not None and config.combine is not None and not getattr(state, "hasTimedOut", False):
-            combined = _combine_rows(config, rows, [])
+            combined = _combine_rows(config, rows)
             return inner(key, iter([combined]), state)
         return inner(key, rows, state)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
@@ -22,7 +22,7 @@ import pandas as pd
 from checkpoint import CheckpointStorage, CheckpointWriter, Manifest, TaskReport, restore
 from state import MemoryStore, RocksDBStore, Store, WriteBackCache, key_group_range
 from state.group_state import NO_TIMESTAMP, GroupState, GroupStateTimeout
-from state.keys import NormalizedKey, denormalize_key
+from state.keys import NormalizedKey, denormalize_key, normalize_key
 from state.timers import TimerService
 
 from .buffer import MiniBatchBuffer
@@ -44,7 +44,6 @@ class InstanceMetrics:
     timeouts: int = 0
     rows_out: int = 0
     checkpoint_bytes: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class OperatorInstance:
@@ -125,11 +124,9 @@ class OperatorInstance:
         for table in self.tables.values():
             table.drain_changes()  # type: ignore[attr-defined]  # what was restored is not a change
         self.timers.reload()
-        pending = [(k, v) for k, v in self.tables[PENDING_TABLE].items()]
-        from state.keys import normalize_key
-
-        self.buffer.restore(iter([(normalize_key(k), v) for k, v in pending]))
-        self._pending_keys = {normalize_key(k) for k, _ in pending}
+        pending = [(normalize_key(k), v) for k, v in self.tables[PENDING_TABLE].items()]
+        self.buffer.restore(iter(pending))
+        self._pending_keys = {nkey for nkey, _ in pending}
 
     def checkpoint(self, version: int, previous: Optional[Manifest]) -> TaskReport:
         """Persist pending rows, flush the cache, and write this instance's task file of ``version``."""

@@ -85,7 +85,7 @@ def _normalize_scalar(value: Any, key: Any) -> Hashable:
     if module.startswith("pandas"):
         if type(value).__name__ == "Timestamp":
             return _normalize_scalar(value.to_pydatetime(), key)
-        if value is getattr(__import__("pandas"), "NaT", object()) or type(value).__name__ in ("NaTType", "NAType"):
+        if type(value).__name__ in ("NaTType", "NAType"):
             raise ValueError(f"key {key!r}: {value!r} is not a valid key value")
     if module == "numpy" and item is not None:
         if type(value).__name__ == "datetime64":

@@ -30,7 +30,7 @@ from rocksdict import (
 
 from .base import MISSING, Store, StoreClosedError, StoreError, StoreLockedError
 from .keygroups import DEFAULT_MAX_PARALLELISM
-from .keys import NormalizedKey, decode_key, encode_key, normalize_key, spark_hash, spark_hash_longs
+from .keys import NormalizedKey, decode_key, denormalize_key, encode_key, normalize_key, spark_hash, spark_hash_longs
 from .serializers import Serializer
 
 _pack_le_q = struct.Struct("<q").pack
@@ -214,9 +214,6 @@ class RocksDBStore(Store):
         encode = self._encode
         return [encode(k) for k in nkeys]
 
-    def _decode(self, raw: bytes) -> NormalizedKey:
-        return decode_key(raw, _KG_BYTES)
-
     # ------------------------------------------------------------ primitives
     def _load(self, nkey: NormalizedKey) -> Any:
         raw = self._cf.get(self._encode(nkey))
@@ -319,8 +316,6 @@ class RocksDBStore(Store):
 
     def items(self, key_groups: range | None = None) -> Iterator[tuple[tuple, Any]]:  # type: ignore[override]
         """``(key, value)`` pairs, optionally only those of a contiguous key-group range."""
-        from .keys import denormalize_key
-
         loads = self.serializer.loads
         for raw_key, raw_value in self.iter_raw(key_groups):
             yield denormalize_key(decode_key(raw_key, _KG_BYTES)), loads(raw_value)

@@ -426,22 +426,24 @@ class WriteBackCache(Store):
     def _stage(self, nkey: NormalizedKey, value: Any) -> None:
         """Send one entry towards the backend (through the write buffer when it batches)."""
         if self._buffered:
-            if value is MISSING:
-                raw = None
-            else:
-                try:
-                    raw = self._dumps(value)
-                except Exception as exc:
-                    raise StateSerializationError(
-                        f"cannot serialize the state of key {denormalize_key(nkey)!r} "
-                        f"({type(value).__name__} value {value!r:.200}) for {self._backend!r}: {exc}"
-                    ) from exc
-            self._pending[nkey] = raw
+            self._pending[nkey] = self._serialize(nkey, value)
             if len(self._pending) >= self._write_batch_entries:
                 self._write_out()
         else:
             self._backend._write(((nkey, value),))
             self._writes += 1
+
+    def _serialize(self, nkey: NormalizedKey, value: Any) -> bytes | None:
+        """The bytes the backend stores for ``value`` (None for a tombstone), or StateSerializationError."""
+        if value is MISSING:
+            return None
+        try:
+            return self._dumps(value)
+        except Exception as exc:
+            raise StateSerializationError(
+                f"cannot serialize the state of key {denormalize_key(nkey)!r} "
+                f"({type(value).__name__} value {value!r:.200}) for {self._backend!r}: {exc}"
+            ) from exc
 
     def _write_out(self) -> None:
         pending = self._pending
@@ -466,21 +468,9 @@ class WriteBackCache(Store):
         if dirty:
             data = self._data
             if self._buffered:
-                dumps = self._dumps
-                staged: list[tuple[NormalizedKey, bytes | None]] = []
-                for nkey in dirty:
-                    value = data[nkey]
-                    if value is MISSING:
-                        staged.append((nkey, None))
-                        continue
-                    try:
-                        staged.append((nkey, dumps(value)))
-                    except Exception as exc:
-                        raise StateSerializationError(
-                            f"cannot serialize the state of key {denormalize_key(nkey)!r} "
-                            f"({type(value).__name__} value {value!r:.200}) for {self._backend!r}: {exc}"
-                        ) from exc
-                self._pending.update(staged)
+                # Serialize everything first: a value that fails leaves every entry dirty.
+                serialize = self._serialize
+                self._pending.update([(nkey, serialize(nkey, data[nkey])) for nkey in dirty])
             else:
                 self._backend._write([(nkey, data[nkey]) for nkey in dirty])
                 self._writes += len(dirty)

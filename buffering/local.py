@@ -19,12 +19,12 @@ import pandas as pd
 
 from checkpoint import CheckpointStorage, Manifest, commit
 from state.group_state import NO_TIMESTAMP, GroupStateTimeout, timeout_conf
-from state.keygroups import DEFAULT_MAX_PARALLELISM, check_max_parallelism, key_group_from_hash
+from state.keygroups import DEFAULT_MAX_PARALLELISM, check_max_parallelism, key_group_from_hash, operator_indexes
 from state.keys import key_groups_of_longs, normalize_key, normalize_types, spark_hash
 
 from .buffer import factorize_keys
 from .decorators import spec_of
-from .operator import OperatorInstance, owner_of_key_groups
+from .operator import OperatorInstance
 
 Clock = Callable[[], int]
 
@@ -255,7 +255,7 @@ class LocalRunner:
                     raise ValueError(f"key column {column!r} holds a null (first such row's key: {bad}); keys cannot be null")
             assert self.key_types is not None
             groups = key_groups_of(frame, self.key_columns, self.key_types, self.max_parallelism)
-            owners = owner_of_key_groups(groups, self.parallelism, self.max_parallelism)
+            owners = operator_indexes(groups, self.parallelism, self.max_parallelism)
             if self.parallelism == 1:
                 parts = [(0, frame)]
             else:

@@ -16,7 +16,6 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any, Optional
 
-import numpy as np
 import pandas as pd
 
 from checkpoint import CheckpointStorage, CheckpointWriter, Manifest, TaskReport, restore
@@ -295,7 +294,3 @@ class OperatorInstance:
         if self._owned_dir is not None:
             shutil.rmtree(self._owned_dir, ignore_errors=True)
 
-
-def owner_of_key_groups(key_groups: np.ndarray, parallelism: int, max_parallelism: int) -> np.ndarray:
-    """Vectorized ``operator_index``: the instance of each key group."""
-    return (key_groups.astype(np.int64) * parallelism) // max_parallelism

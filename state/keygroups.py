@@ -8,6 +8,8 @@ can restore state written at any other parallelism.
 
 from __future__ import annotations
 
+from typing import Any
+
 DEFAULT_MAX_PARALLELISM = 128
 #: Key groups are stored as 2 big-endian bytes in front of every RocksDB key.
 UPPER_BOUND_MAX_PARALLELISM = 1 << 15
@@ -58,3 +60,9 @@ def operator_index(key_group: int, parallelism: int, max_parallelism: int = DEFA
     if isinstance(key_group, bool) or not isinstance(key_group, int) or not 0 <= key_group < max_parallelism:
         raise ValueError(f"key_group must be an int in [0, max_parallelism={max_parallelism}), got {key_group!r}")
     return key_group * parallelism // max_parallelism
+
+
+def operator_indexes(key_groups: Any, parallelism: int, max_parallelism: int = DEFAULT_MAX_PARALLELISM) -> Any:
+    """:func:`operator_index` of a whole integer array of key groups at once (numpy in, numpy out)."""
+    _check_parallelism(parallelism, max_parallelism)
+    return (key_groups.astype("int64") * parallelism) // max_parallelism

@@ -323,6 +323,7 @@ class LocalRunner:
         return out
 
     def get_state(self, key: Any) -> Any:
+        """The state of one key (None when it has none), from whichever instance owns it."""
         nkey = normalize_key(key)
         for instance in self.instances:
             value = instance.state.get(nkey)
@@ -331,6 +332,7 @@ class LocalRunner:
         return None
 
     def stats(self) -> dict[str, Any]:
+        """Counters of the last batch: rows out, late rows dropped, seconds, per-instance stats."""
         return dict(self.last_batch_stats)
 
     def close(self) -> None:

@@ -270,6 +270,7 @@ class OperatorInstance:
         return dict(self.state.items())
 
     def stats(self) -> dict[str, Any]:
+        """Counters of this instance (rows, flushes, calls, timeouts, pending, checkpoint bytes, cache stats)."""
         out: dict[str, Any] = {
             "instance": self.index,
             "key_groups": (self.key_groups.start, self.key_groups.stop),
@@ -288,6 +289,7 @@ class OperatorInstance:
         return out
 
     def close(self) -> None:
+        """Flush the cache and close the working store (a temporary one is deleted)."""
         if self.cache is not None:
             self.cache.close()  # flushes and closes the root store's table
         self._root.close()

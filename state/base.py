@@ -138,6 +138,7 @@ class Store(ABC):
         self._write([(normalize_key(k), v) for k, v in pairs])
 
     def delete_many(self, keys: Iterable[Any]) -> None:
+        """Remove ``keys`` in one batch; every key is validated before anything is deleted."""
         self._write([(normalize_key(k), MISSING) for k in keys])
 
     def __contains__(self, key: Any) -> bool:
@@ -149,6 +150,7 @@ class Store(ABC):
             yield denormalize_key(nkey), value
 
     def keys(self) -> Iterator[tuple]:
+        """Every key, as a tuple of Python scalars."""
         for key, _ in self.items():
             yield key
 

@@ -514,13 +514,16 @@ class WriteBackCache(Store):
 
     @property
     def backend(self) -> Store:
+        """The store behind the cache."""
         return self._backend
 
     @property
     def policy(self) -> CachePolicy:
+        """The eviction policy in use."""
         return self._policy
 
     def dirty_count(self) -> int:
+        """Cached entries not yet written to the backend."""
         return len(self._dirty)
 
     def __len__(self) -> int:
@@ -528,6 +531,7 @@ class WriteBackCache(Store):
         return len(self._data)
 
     def estimated_bytes(self) -> int:
+        """Cached entries times the sampled entry size (see MemoryEstimator)."""
         return self._estimator.estimate(len(self._data))
 
     def stats(self) -> dict[str, Any]:

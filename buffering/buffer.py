@@ -143,6 +143,34 @@ class MiniBatchBuffer:
         else:
             self._chunks.append(_Chunk(frame.reset_index(drop=True), ids[codes]))
 
+    def add_accumulators(self, nkeys: list[NormalizedKey], accumulators: list[Any], rows: list[int], arrival_ms: int) -> None:
+        """Buffer accumulators combined upstream (a map-side combine before the shuffle).
+
+        ``rows[i]`` is how many input rows ``accumulators[i]`` stands for, so the
+        count trigger and the metrics see the input, not the partials.
+        """
+        aggs = self.aggregations
+        if aggs is None:
+            raise TypeError("add_accumulators() needs a buffer whose combiner is a mapping of Aggregations")
+        if not nkeys:
+            return
+        keys = self._keys
+        partials = self._partials
+        merge = aggs.merge
+        for nkey, accumulator, n in zip(nkeys, accumulators, rows):
+            if nkey not in keys:
+                keys[nkey] = len(keys)
+                self._arrival[nkey] = arrival_ms
+                self._key_rows[nkey] = 0
+                self._key_bytes[nkey] = 0.0
+                partials[nkey] = accumulator
+            else:
+                partials[nkey] = merge(partials[nkey], accumulator)
+            self._key_rows[nkey] += n
+            self.rows += n
+        if self.oldest_ms is None:
+            self.oldest_ms = arrival_ms
+
     # ------------------------------------------------------------ draining
     def drain(self) -> Iterator[tuple[NormalizedKey, pd.DataFrame]]:
         """Every pending key with its rows (or one combined row), keys in first-arrival order; empties the buffer."""

@@ -169,6 +169,27 @@ class OperatorInstance:
                 outputs.extend(self.flush(processing_time_ms, watermark_ms))
         return outputs
 
+    def process_accumulators(
+        self,
+        nkeys: list[NormalizedKey],
+        accumulators: list[Any],
+        rows: list[int],
+        processing_time_ms: int,
+        watermark_ms: int,
+    ) -> list[pd.DataFrame]:
+        """Buffer accumulators combined before a shuffle (one per key); flush when a trigger fires.
+
+        The count trigger is checked after the whole chunk: an accumulator
+        stands for many rows and cannot be split.
+        """
+        self.metrics.rows_in += sum(rows)
+        self.buffer.add_accumulators(nkeys, accumulators, rows, processing_time_ms)
+        config = self.spec.mini_batch
+        triggered = config is not None and (config.max_rows is not None or config.max_bytes is not None)
+        if triggered and self.buffer.should_flush(processing_time_ms):
+            return self.flush(processing_time_ms, watermark_ms)
+        return []
+
     def end_of_batch(self, processing_time_ms: int, watermark_ms: int) -> list[pd.DataFrame]:
         """Time-triggered flush (or the flush of an unbuffered operator), then due timeouts."""
         outputs: list[pd.DataFrame] = []
@@ -202,6 +223,8 @@ class OperatorInstance:
         merge = aggs.merge
         merged = [p if s is None else merge(s, p) for s, p in zip(stored, partials)]
         self.state.put_many(zip(keys, merged))
+        self.metrics.calls += len(keys)
+        self.metrics.rows_out += len(keys)
         return [aggs.results_frame(dict(zip(keys, merged)), self.key_columns, keys)]
 
     def fire_timers(self, processing_time_ms: int, watermark_ms: int) -> list[pd.DataFrame]:

@@ -40,7 +40,8 @@ def read_state(
 ) -> pd.DataFrame:
     """Every key of ``table`` in ``version`` (latest if None) as a DataFrame, for debugging and tests.
 
-    Columns: the key columns (``k0, k1, ...`` or ``key_names``), then
+    Columns: the key columns (``key_names``, else the ``key_columns`` the runner
+    recorded in the manifest's metadata, else ``k0, k1, ...``), then
     ``value_name`` holding the value deserialized with ``loads`` (pickle), and
     with ``with_key_group`` a ``key_group`` column first. Rows are in RocksDB
     order (key group, then canonical key bytes). The version is restored into
@@ -63,6 +64,8 @@ def read_state(
                 rows.append((int.from_bytes(raw_key[:_KG_BYTES], "big"), key, loads(raw_value)))
         finally:
             store.close()
+    if key_names is None and isinstance(manifest.metadata.get("key_columns"), list):
+        key_names = [str(name) for name in manifest.metadata["key_columns"]]
     arity = max((len(k) for _, k, _ in rows), default=len(key_names) if key_names else 1)
     names = list(key_names) if key_names is not None else [f"k{i}" for i in range(arity)]
     if len(names) != arity:

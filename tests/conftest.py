@@ -24,7 +24,10 @@ def _java_available() -> bool:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator["pyspark.sql.SparkSession"]:  # type: ignore[name-defined]  # noqa: F821
-    """A local[2] SparkSession shared by every Spark test; stopped at the end of the session.
+    """A local[2,4] SparkSession shared by every Spark test; stopped at the end of the session.
+
+    ``local[2,4]``: two cores, and a failed task is retried up to 4 times as on
+    a cluster (plain ``local[2]`` never retries, so retries could not be tested).
 
     Skipped when no ``java`` is found, except under CI (``CI`` set), where
     Spark tests must run and a missing JVM is a failure.
@@ -43,7 +46,7 @@ def spark() -> Iterator["pyspark.sql.SparkSession"]:  # type: ignore[name-define
     from pyspark.sql import SparkSession
 
     session = (
-        SparkSession.builder.master("local[2]")
+        SparkSession.builder.master("local[2,4]")
         .appName("opbuffer-tests")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.ui.enabled", "false")

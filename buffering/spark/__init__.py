@@ -1,0 +1,22 @@
+"""Spark runners for opbuffer operators.
+
+* :func:`run_stream` -- the production path: foreachBatch + repartition by key
+  group + mapInPandas, exactly-once through versioned key-group checkpoints,
+  restartable at another parallelism.
+* :func:`run_batch` -- the same operator over a batch DataFrame (backfills),
+  sort-based with state for one key at a time.
+* :mod:`buffering.spark.sinks` -- sinks idempotent by batch id.
+
+The decorated function itself stays a valid ``applyInPandasWithState``
+function (see :mod:`buffering.decorators`).
+"""
+
+from .sinks import DeltaSink, NoopSink, ParquetSink
+from .stream import BatchMetrics, StreamRunner, run_stream
+
+try:  # the bounded runner lands separately
+    from .bounded import run_batch
+except ImportError:  # pragma: no cover
+    pass
+
+__all__ = ["BatchMetrics", "DeltaSink", "NoopSink", "ParquetSink", "StreamRunner", "run_batch", "run_stream"]

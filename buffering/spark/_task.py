@@ -1,0 +1,329 @@
+"""What runs inside a Spark Python worker: one streaming task, and the map-side combine.
+
+Nothing here imports pyspark at module level except ``TaskContext`` (looked
+up lazily), so the functions can be unit-tested with plain pandas frames.
+
+Workers are reused across micro-batches, so a worker keeps its operator
+instances (``_LIVE``) and reuses one when it already holds exactly the
+version a task must start from; anything else is rebuilt from the checkpoint.
+That is the whole exactly-once argument: a task of batch N always starts from
+the committed version before N.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional
+
+import numpy as np
+import pandas as pd
+
+from checkpoint import CheckpointStorage, Manifest
+from state.group_state import NO_TIMESTAMP, GroupStateTimeout
+from state.keys import normalize_key
+
+from ..buffer import factorize_keys
+from ..decorators import OperatorSpec
+from ..operator import OperatorInstance
+
+#: Output column that carries each task's report (JSON); null on data rows.
+REPORT_COLUMN = "__opbuffer_report"
+#: Column of pickled accumulators produced by the map-side combine.
+ACCUMULATOR_COLUMN = "__opbuffer_acc"
+#: Input rows each accumulator stands for.
+ROWS_COLUMN = "__opbuffer_rows"
+#: Max event time (epoch ms) of the rows behind each accumulator.
+EVENT_TIME_COLUMN = "__opbuffer_event_ms"
+#: The operator instance (partition) a row is routed to.
+OPERATOR_COLUMN = "__opbuffer_op"
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    """Everything a task needs, pickled into the mapInPandas closure once per query."""
+
+    spec: OperatorSpec
+    key_columns: list[str]
+    key_types: tuple[str, ...]
+    parallelism: int
+    max_parallelism: int
+    location: str
+    storage_options: dict[str, Any]
+    output_columns: list[str]
+    timeout_conf: str = GroupStateTimeout.NoTimeout
+    event_time: Optional[str] = None
+    #: Input rows arrive as map-side accumulators (ACCUMULATOR_COLUMN, ROWS_COLUMN).
+    combined_input: bool = False
+    #: Working RocksDB directories go under this directory (default: the temp dir).
+    workdir: Optional[str] = None
+    query_id: str = ""
+
+
+@dataclass(frozen=True)
+class BatchContext:
+    """Decided by the driver before a batch runs, identical for every attempt of it."""
+
+    version: int
+    previous_version: Optional[int]
+    processing_time_ms: int
+    watermark_ms: int
+
+
+@dataclass
+class _Live:
+    instance: OperatorInstance
+    version: Optional[int]  # the committed version its state equals; None while a task runs on it
+
+
+_LIVE: dict[tuple[str, str, int, int], _Live] = {}
+_MANIFESTS: dict[tuple[str, int], Manifest] = {}
+
+
+def _event_ms(column: pd.Series) -> np.ndarray:
+    if column.dtype.kind == "M" or str(column.dtype).startswith("datetime64"):
+        return (pd.to_datetime(column, utc=True).astype("int64") // 1_000_000).to_numpy()
+    if column.dtype.kind in ("i", "u", "f"):
+        return column.to_numpy(np.int64)
+    raise TypeError(f"event_time column {column.name!r} must be a timestamp or epoch milliseconds, got {column.dtype}")
+
+
+def drop_late_rows(plan: TaskPlan, frame: pd.DataFrame, watermark_ms: int) -> tuple[pd.DataFrame, int, int]:
+    """With an event-time timeout, rows at or before the watermark are late (as in Spark).
+
+    Returns the kept rows, how many were dropped and the max event time seen.
+    """
+    if plan.event_time is None or not len(frame):
+        return frame, 0, NO_TIMESTAMP
+    event = _event_ms(frame[plan.event_time])
+    dropped = 0
+    if plan.timeout_conf == GroupStateTimeout.EventTimeTimeout and watermark_ms != NO_TIMESTAMP:
+        late = event <= watermark_ms
+        if late.any():
+            dropped = int(late.sum())
+            frame = frame.loc[~late].reset_index(drop=True)
+            event = event[~late]
+    return frame, dropped, int(event.max()) if len(event) else NO_TIMESTAMP
+
+
+def combine_partition(plan: TaskPlan, context: BatchContext, batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    """Map side of the shuffle: one accumulator per key of this input partition.
+
+    Output: the key columns, ACCUMULATOR_COLUMN (pickled ``{output: partial}``),
+    ROWS_COLUMN and EVENT_TIME_COLUMN. Python work is per unique key.
+    """
+    aggs = plan.spec.mini_batch.aggregations if plan.spec.mini_batch is not None else None
+    assert aggs is not None
+    merged: dict[Any, Any] = {}
+    rows: dict[Any, int] = {}
+    event: dict[Any, int] = {}
+    labels: dict[Any, tuple] = {}
+    for frame in batches:
+        frame, _, _ = drop_late_rows(plan, frame, context.watermark_ms)
+        if not len(frame):
+            continue
+        codes, uniques = factorize_keys(frame, plan.key_columns)
+        counts = np.bincount(codes, minlength=len(uniques)).tolist()
+        if plan.event_time is not None:
+            event_ms = pd.Series(_event_ms(frame[plan.event_time])).groupby(codes).max()
+            max_event = event_ms.reindex(range(len(uniques))).tolist()
+        partials = aggs.partials(frame.assign(**{OPERATOR_COLUMN: codes}), [OPERATOR_COLUMN])
+        _, first_rows = np.unique(codes, return_index=True)
+        key_values = frame[plan.key_columns].take(first_rows).itertuples(index=False, name=None)
+        for code, values in enumerate(key_values):
+            labels.setdefault(uniques[code], values)
+        # partials are indexed by code (the codes are in first-appearance order)
+        for code, accumulator in aggs.rows(partials):
+            nkey = uniques[code]
+            previous = merged.get(nkey)
+            merged[nkey] = accumulator if previous is None else aggs.merge(previous, accumulator)
+            rows[nkey] = rows.get(nkey, 0) + counts[code]
+            if plan.event_time is not None:
+                event[nkey] = max(event.get(nkey, NO_TIMESTAMP), int(max_event[code]))
+    if not merged:
+        return
+    keys = list(merged)
+    data: dict[str, Any] = {}
+    for i, name in enumerate(plan.key_columns):
+        data[name] = [labels[k][i] for k in keys]
+    data[ACCUMULATOR_COLUMN] = [pickle.dumps(merged[k], 5) for k in keys]
+    data[ROWS_COLUMN] = np.fromiter((rows[k] for k in keys), dtype=np.int64, count=len(keys))
+    data[EVENT_TIME_COLUMN] = np.fromiter(
+        (event.get(k, NO_TIMESTAMP) for k in keys), dtype=np.int64, count=len(keys)
+    )
+    yield pd.DataFrame(data)
+
+
+def _storage(plan: TaskPlan) -> CheckpointStorage:
+    return CheckpointStorage.of(plan.location, **plan.storage_options)
+
+
+def _manifest(plan: TaskPlan, storage: CheckpointStorage, version: int) -> Manifest:
+    cached = _MANIFESTS.get((plan.location, version))
+    if cached is None:
+        cached = _MANIFESTS[(plan.location, version)] = storage.read_manifest(version)
+        if len(_MANIFESTS) > 16:
+            _MANIFESTS.pop(next(iter(_MANIFESTS)))
+    return cached
+
+
+def _instance(plan: TaskPlan, storage: CheckpointStorage, index: int, context: BatchContext) -> OperatorInstance:
+    """The instance for ``index`` at the committed version before this batch: reused or rebuilt."""
+    key = (plan.location, plan.query_id, index, plan.parallelism)
+    live = _LIVE.get(key)
+    if live is not None and live.version == context.previous_version:
+        live.version = None
+        return live.instance
+    if live is not None:
+        live.instance.close()
+        del _LIVE[key]
+    # Instances of this location at another parallelism are stale (the job was rescaled).
+    for other in [k for k in _LIVE if k[0] == plan.location and k[3] != plan.parallelism]:
+        _LIVE.pop(other).instance.close()
+    base = plan.workdir or tempfile.gettempdir()
+    workdir = os.path.join(base, f"opbuffer-worker-{os.getpid()}", f"{abs(hash(plan.location)):x}-{plan.query_id}", f"i{index}of{plan.parallelism}")
+    instance = OperatorInstance(
+        plan.spec,
+        key_columns=plan.key_columns,
+        key_types=plan.key_types,
+        index=index,
+        parallelism=plan.parallelism,
+        max_parallelism=plan.max_parallelism,
+        timeout_conf=plan.timeout_conf,
+        watermark_present=plan.event_time is not None,
+        storage=storage,
+        workdir=workdir,
+    )
+    if context.previous_version is not None:
+        instance.restore(_manifest(plan, storage, context.previous_version))
+    _LIVE[key] = _Live(instance, None)
+    return instance
+
+
+def _counters(instance: OperatorInstance) -> dict[str, float]:
+    stats = instance.stats()
+    out = {name: float(stats[name]) for name in ("rows_in", "flushes", "calls", "timeouts", "rows_out")}
+    cache = stats.get("cache")
+    if cache is not None:
+        for name in ("hits", "misses", "evictions", "syncs", "writes"):
+            out[f"cache_{name}"] = float(cache[name])
+    return out
+
+
+def _frame(plan: TaskPlan, frames: list[pd.DataFrame]) -> Optional[pd.DataFrame]:
+    frames = [f for f in frames if f is not None and len(f)]
+    if not frames:
+        return None
+    out = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+    missing = [c for c in plan.output_columns if c not in out.columns]
+    if missing:
+        raise ValueError(
+            f"the operator returned columns {list(out.columns)}, which lack {missing} of output_schema {plan.output_columns}"
+        )
+    out = out[plan.output_columns].reset_index(drop=True)
+    out[REPORT_COLUMN] = None
+    return out
+
+
+def run_task(
+    plan: TaskPlan,
+    context: BatchContext,
+    batches: Iterator[pd.DataFrame],
+    partition_id: Optional[int] = None,
+) -> Iterator[pd.DataFrame]:
+    """One partition of one micro-batch: process, fire timers, checkpoint, then yield one report row per instance.
+
+    Rows carry OPERATOR_COLUMN; the partition's own index (``partition_id``)
+    always gets an instance, so its timers fire even when no row arrives.
+    """
+    if partition_id is None:
+        from pyspark import TaskContext
+
+        task_context = TaskContext.get()
+        partition_id = task_context.partitionId() if task_context is not None else 0
+    storage = _storage(plan)
+    started = time.perf_counter()
+    instances: dict[int, OperatorInstance] = {}
+    before: dict[int, dict[str, float]] = {}
+    max_event = NO_TIMESTAMP
+    dropped = 0
+
+    def get(index: int) -> OperatorInstance:
+        instance = instances.get(index)
+        if instance is None:
+            instance = instances[index] = _instance(plan, storage, index, context)
+            before[index] = _counters(instance)
+        return instance
+
+    if 0 <= partition_id < plan.parallelism:
+        get(partition_id)
+    now, watermark = context.processing_time_ms, context.watermark_ms
+    for frame in batches:
+        if not len(frame):
+            continue
+        ops = frame[OPERATOR_COLUMN].to_numpy()
+        for index in np.unique(ops).tolist():
+            part = frame if len(ops) and ops[0] == ops[-1] == index and (ops == index).all() else frame.loc[ops == index]
+            part = part.drop(columns=[OPERATOR_COLUMN]).reset_index(drop=True)
+            instance = get(int(index))
+            if plan.combined_input:
+                if plan.event_time is not None and len(part):
+                    max_event = max(max_event, int(part[EVENT_TIME_COLUMN].max()))
+                nkeys = _normalized_keys(part, plan.key_columns)
+                accumulators = [pickle.loads(b) for b in part[ACCUMULATOR_COLUMN].tolist()]
+                out = instance.process_accumulators(nkeys, accumulators, part[ROWS_COLUMN].tolist(), now, watermark)
+            else:
+                part, late, event = drop_late_rows(plan, part, watermark)
+                dropped += late
+                max_event = max(max_event, event)
+                out = instance.process(part, now, watermark)
+            result = _frame(plan, out)
+            if result is not None:
+                yield result
+    reports = []
+    for index in sorted(instances):
+        instance = instances[index]
+        result = _frame(plan, instance.end_of_batch(now, watermark))
+        if result is not None:
+            yield result
+        checkpoint_started = time.perf_counter()
+        report = instance.checkpoint(context.version, _manifest(plan, storage, context.previous_version) if context.previous_version is not None else None)
+        checkpoint_seconds = time.perf_counter() - checkpoint_started
+        after = _counters(instance)
+        metrics = {name: after[name] - before[index].get(name, 0.0) for name in after}
+        metrics.update(
+            checkpoint_bytes=float(report.bytes),
+            checkpoint_seconds=checkpoint_seconds,
+            pending_keys=float(len(instance.buffer)),
+            timers=float(len(instance.timers)),
+        )
+        reports.append({"instance": index, "report": report.to_dict(), "metrics": metrics})
+        _LIVE[(plan.location, plan.query_id, index, plan.parallelism)].version = context.version
+    summary = {
+        "partition": partition_id,
+        "instances": reports,
+        "max_event_time_ms": max_event,
+        "dropped_late_rows": dropped,
+        "seconds": time.perf_counter() - started,
+    }
+    row: dict[str, Any] = {name: [None] for name in plan.output_columns}
+    row[REPORT_COLUMN] = [json.dumps(summary)]
+    yield pd.DataFrame(row)
+
+
+def _normalized_keys(frame: pd.DataFrame, key_columns: list[str]) -> list[Any]:
+    if len(key_columns) == 1:
+        return [normalize_key(v) for v in frame[key_columns[0]].tolist()]
+    return [normalize_key(tuple(row)) for row in frame[key_columns].itertuples(index=False, name=None)]
+
+
+def close_all() -> None:
+    """Close every live instance of this worker (tests, and interpreter exit)."""
+    while _LIVE:
+        _LIVE.popitem()[1].instance.close()
+    _MANIFESTS.clear()
+

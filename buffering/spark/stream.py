@@ -1,0 +1,470 @@
+"""The Spark streaming runner: foreachBatch + repartition by key group + mapInPandas, exactly-once.
+
+Per micro-batch N (DESIGN, "Spark streaming runner"):
+
+1. the driver picks the batch's processing time (recorded, so a re-run of N
+   reuses it) and the event-time watermark (from manifest N-1);
+2. with a mapping combiner, each input partition pre-aggregates its rows to one
+   accumulator per key *before* the shuffle (what relieves a skewed key);
+3. the JVM computes each row's operator instance from ``pmod(xxhash64(keys),
+   max_parallelism)`` and ``repartitionById`` sends it to that partition;
+4. each task restores (or reuses) its instance at the committed version before
+   N, processes its rows, fires timers, writes its version-N checkpoint file
+   and returns its output rows plus one report row;
+5. the driver persists that output once, hands the data rows to the sink with
+   N, and only then commits manifest N.
+
+A retry of any task, or a re-run of the whole batch after a driver crash,
+starts from the version before N and recomputes the same state and output.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from checkpoint import DEFAULT_RETAIN, CheckpointStorage, VersionExistsError, commit
+from state.group_state import NO_TIMESTAMP, GroupStateTimeout, timeout_conf
+from state.keygroups import DEFAULT_MAX_PARALLELISM, check_max_parallelism
+
+from ..decorators import spec_of
+from . import _task
+from ._plan import key_list, key_types_of, nullable, operator_index_sql, output_schema_for
+from ._task import (
+    ACCUMULATOR_COLUMN,
+    EVENT_TIME_COLUMN,
+    OPERATOR_COLUMN,
+    REPORT_COLUMN,
+    ROWS_COLUMN,
+    BatchContext,
+    TaskPlan,
+)
+from .sinks import Sink, sink_of
+
+logger = logging.getLogger("buffering.spark")
+
+_TRIGGERS = ("processingTime", "availableNow", "once")
+
+
+@dataclass
+class BatchMetrics:
+    """What one micro-batch did, summed over its tasks (collected from the workers' report rows)."""
+
+    batch_id: int
+    rows_in: int = 0
+    rows_out: int = 0
+    seconds: float = 0.0
+    tasks: int = 0
+    flushes: int = 0
+    calls: int = 0
+    timeouts: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    cache_evictions: int = 0
+    cache_syncs: int = 0
+    checkpoint_bytes: int = 0
+    #: Slowest task's checkpoint write (tasks write in parallel).
+    checkpoint_seconds: float = 0.0
+    commit_seconds: float = 0.0
+    dropped_late_rows: int = 0
+    watermark_ms: int = NO_TIMESTAMP
+    committed: bool = True
+    per_instance: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def cache_hit_ratio(self) -> float:
+        reads = self.cache_hits + self.cache_misses
+        return self.cache_hits / reads if reads else 0.0
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.rows_in / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {k: v for k, v in self.__dict__.items() if k != "per_instance"}
+        out["cache_hit_ratio"] = self.cache_hit_ratio
+        out["rows_per_second"] = self.rows_per_second
+        return out
+
+
+def _parallelism(spark: Any, parallelism: Optional[int], max_parallelism: int) -> int:
+    if parallelism is None:
+        parallelism = min(int(spark.conf.get("spark.sql.shuffle.partitions")), max_parallelism)
+    if isinstance(parallelism, bool) or not isinstance(parallelism, int) or not 1 <= parallelism <= max_parallelism:
+        raise ValueError(f"parallelism must be an int in [1, max_parallelism={max_parallelism}], got {parallelism!r}")
+    return parallelism
+
+
+class StreamRunner:
+    """The foreachBatch function behind :func:`run_stream` (call it as ``runner(batch_df, batch_id)``).
+
+    Holds the plan shipped to the tasks and the metrics of every batch it ran.
+    """
+
+    def __init__(
+        self,
+        fn: Any,
+        *,
+        input_schema: Any,
+        key: Sequence[str] | str,
+        output_schema: Any = None,
+        checkpoint_location: Any,
+        sink: Any,
+        parallelism: int,
+        max_parallelism: int = DEFAULT_MAX_PARALLELISM,
+        timeout: str = "none",
+        event_time: Optional[str] = None,
+        watermark_delay_ms: int = 0,
+        combine_before_shuffle: Optional[bool] = None,
+        retain: Optional[int] = DEFAULT_RETAIN,
+        storage_options: Optional[Mapping[str, Any]] = None,
+        workdir: Optional[str] = None,
+        on_batch: Optional[Callable[[BatchMetrics], None]] = None,
+    ) -> None:
+        self.spec = spec_of(fn)
+        if self.spec.function is None and self.spec.aggregations is None:
+            raise TypeError(f"{fn!r} has nothing to run")
+        self.key_columns = key_list(key)
+        self.key_types = key_types_of(input_schema, self.key_columns)
+        check_max_parallelism(max_parallelism)
+        self.max_parallelism = max_parallelism
+        self.parallelism = parallelism
+        if checkpoint_location is None:
+            raise ValueError("checkpoint_location is required: exactly-once state lives there")
+        self.storage = CheckpointStorage.of(checkpoint_location, **dict(storage_options or {}))
+        self.timeout_conf = timeout_conf(timeout)
+        fields = [f.name for f in input_schema.fields]
+        if event_time is not None and event_time not in fields:
+            raise ValueError(f"event_time column {event_time!r} is not in the DataFrame (it has {fields})")
+        if self.timeout_conf == GroupStateTimeout.EventTimeTimeout and event_time is None:
+            raise ValueError("timeout='event' needs event_time= (the column that drives the watermark)")
+        if isinstance(watermark_delay_ms, bool) or not isinstance(watermark_delay_ms, int) or watermark_delay_ms < 0:
+            raise ValueError(f"watermark_delay_ms must be an int >= 0, got {watermark_delay_ms!r}")
+        self.event_time = event_time
+        self.watermark_delay_ms = watermark_delay_ms
+        mapping_combiner = self.spec.mini_batch is not None and self.spec.mini_batch.aggregations is not None
+        if combine_before_shuffle is None:
+            combine_before_shuffle = mapping_combiner
+        if combine_before_shuffle and not mapping_combiner:
+            raise ValueError(
+                "combine_before_shuffle=True needs a mapping combiner (mini_batch(combine={...}) or aggregate(...))"
+            )
+        self.combine_before_shuffle = bool(combine_before_shuffle)
+        self.output_schema = output_schema_for(self.spec, output_schema, input_schema, self.key_columns)
+        self.sink: Sink = sink_of(sink)
+        self.retain = retain
+        self.on_batch = on_batch
+        self.batches: list[BatchMetrics] = []
+        self._check_checkpoint()
+        location = checkpoint_location if isinstance(checkpoint_location, str) else os.fspath(checkpoint_location)
+        self.plan = TaskPlan(
+            spec=self.spec,
+            key_columns=self.key_columns,
+            key_types=self.key_types,
+            parallelism=parallelism,
+            max_parallelism=max_parallelism,
+            location=location,
+            storage_options=dict(storage_options or {}),
+            output_columns=[f.name for f in self.output_schema.fields],
+            timeout_conf=self.timeout_conf,
+            event_time=event_time,
+            combined_input=self.combine_before_shuffle,
+            workdir=workdir,
+            query_id=f"{abs(hash((location, tuple(self.key_columns)))):x}",
+        )
+        self._internal_schema = self._with_report(nullable(self.output_schema))
+        self._combined_schema = self._combined(input_schema) if self.combine_before_shuffle else None
+
+    # ------------------------------------------------------------ set-up
+    def _check_checkpoint(self) -> None:
+        latest = self.storage.latest_version()
+        if latest is None:
+            return
+        manifest = self.storage.read_manifest(latest)
+        if manifest.max_parallelism != self.max_parallelism:
+            raise ValueError(
+                f"checkpoint {self.storage!r} has max_parallelism {manifest.max_parallelism}, not {self.max_parallelism}: "
+                "it is fixed for the life of a checkpoint"
+            )
+        stored = manifest.metadata.get("key_columns")
+        if stored is not None and list(stored) != self.key_columns:
+            raise ValueError(f"checkpoint {self.storage!r} was written for key {stored}, not {self.key_columns}")
+        types = manifest.metadata.get("key_types")
+        if types is not None and tuple(types) != self.key_types:
+            raise ValueError(f"checkpoint {self.storage!r} was written for key types {types}, not {list(self.key_types)}")
+
+    @staticmethod
+    def _with_report(schema: Any) -> Any:
+        from pyspark.sql.types import StringType, StructField, StructType
+
+        names = [f.name for f in schema.fields]
+        if REPORT_COLUMN in names:
+            raise ValueError(f"output_schema may not use the reserved column name {REPORT_COLUMN!r}")
+        return StructType([*schema.fields, StructField(REPORT_COLUMN, StringType(), True)])
+
+    def _combined(self, input_schema: Any) -> Any:
+        from pyspark.sql.types import BinaryType, LongType, StructField, StructType
+
+        fields = {f.name: f for f in input_schema.fields}
+        return StructType(
+            [
+                *(StructField(c, fields[c].dataType, True) for c in self.key_columns),
+                StructField(ACCUMULATOR_COLUMN, BinaryType(), False),
+                StructField(ROWS_COLUMN, LongType(), False),
+                StructField(EVENT_TIME_COLUMN, LongType(), False),
+            ]
+        )
+
+    # ------------------------------------------------------------ one batch
+    def _processing_time(self, version: int) -> int:
+        """Chosen once per batch and recorded before it runs, so a re-run makes the same decisions."""
+        path = f"batches/v{version:010d}.json"
+        recorded = self.storage.read_small_file(path)
+        if recorded is not None:
+            return int(json.loads(recorded)["processing_time_ms"])
+        now = int(time.time() * 1000)
+        self.storage.write_small_file(path, json.dumps({"processing_time_ms": now}).encode())
+        return now
+
+    def context(self, version: int) -> tuple[BatchContext, int]:
+        """The batch's context (and the max event time before it), from the committed version before it."""
+        previous = self.storage.latest_version(before=version)
+        max_event = NO_TIMESTAMP
+        if previous is not None:
+            max_event = int(self.storage.read_manifest(previous).metadata.get("max_event_time_ms", NO_TIMESTAMP))
+        if self.event_time is None:
+            watermark = NO_TIMESTAMP
+        elif max_event == NO_TIMESTAMP:
+            watermark = 0
+        else:
+            watermark = max(0, max_event - self.watermark_delay_ms)
+        return BatchContext(version, previous, self._processing_time(version), watermark), max_event
+
+    def plan_batch(self, batch_df: Any, context: BatchContext) -> Any:
+        """The DataFrame of one batch's output and report rows (lazy)."""
+        from pyspark.sql import functions as F
+
+        frame = batch_df
+        if self.combine_before_shuffle:
+            frame = frame.mapInPandas(functools.partial(_task.combine_partition, self.plan, context), self._combined_schema)
+        frame = frame.withColumn(
+            OPERATOR_COLUMN, F.expr(operator_index_sql(self.key_columns, self.parallelism, self.max_parallelism))
+        )
+        frame = frame.repartitionById(self.parallelism, OPERATOR_COLUMN)
+        return frame.mapInPandas(functools.partial(_task.run_task, self.plan, context), self._internal_schema)
+
+    def __call__(self, batch_df: Any, batch_id: int) -> None:
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
+
+        started = time.perf_counter()
+        version = int(batch_id)
+        context, max_event = self.context(version)
+        already_committed = self.storage.has_version(version)
+        out = self.plan_batch(batch_df, context).persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            summaries = [json.loads(r[0]) for r in out.where(F.col(REPORT_COLUMN).isNotNull()).select(REPORT_COLUMN).collect()]
+            instances = [i for s in summaries for i in s["instances"]]
+            seen = sorted(i["instance"] for i in instances)
+            if seen != list(range(self.parallelism)):
+                raise RuntimeError(f"batch {version}: expected one report from each of instances 0..{self.parallelism - 1}, got {seen}")
+            self.sink(out.where(F.col(REPORT_COLUMN).isNull()).drop(REPORT_COLUMN), version)
+            for s in summaries:
+                max_event = max(max_event, int(s["max_event_time_ms"]))
+            commit_started = time.perf_counter()
+            committed = not already_committed
+            if committed:
+                try:
+                    commit(
+                        self.storage,
+                        version,
+                        [i["report"] for i in instances],
+                        metadata={
+                            "max_event_time_ms": max_event,
+                            "processing_time_ms": context.processing_time_ms,
+                            "key_columns": self.key_columns,
+                            "key_types": list(self.key_types),
+                            "parallelism": self.parallelism,
+                        },
+                        retain=self.retain,
+                        max_parallelism=self.max_parallelism,
+                    )
+                except VersionExistsError:
+                    committed = False
+            if not committed:
+                # A re-run of a batch committed before a restart: the recomputed state equals
+                # the committed one, and the sink was given the same rows again.
+                logger.info("batch %d was already committed; kept its manifest", version)
+            commit_seconds = time.perf_counter() - commit_started
+        finally:
+            out.unpersist()
+        metrics = self._metrics(version, summaries, time.perf_counter() - started, commit_seconds, committed, context)
+        self.batches.append(metrics)
+        logger.info(
+            "batch %d: %d rows in, %d out, %.2fs (%.0f rows/s), cache hit ratio %.3f, %d evictions, %d syncs, "
+            "%d flushes, checkpoint %d bytes in %.3fs",
+            version,
+            metrics.rows_in,
+            metrics.rows_out,
+            metrics.seconds,
+            metrics.rows_per_second,
+            metrics.cache_hit_ratio,
+            metrics.cache_evictions,
+            metrics.cache_syncs,
+            metrics.flushes,
+            metrics.checkpoint_bytes,
+            metrics.checkpoint_seconds,
+        )
+        if self.on_batch is not None:
+            self.on_batch(metrics)
+
+    @staticmethod
+    def _metrics(
+        version: int,
+        summaries: list[dict[str, Any]],
+        seconds: float,
+        commit_seconds: float,
+        committed: bool,
+        context: BatchContext,
+    ) -> BatchMetrics:
+        m = BatchMetrics(batch_id=version, seconds=seconds, commit_seconds=commit_seconds, committed=committed)
+        m.watermark_ms = context.watermark_ms
+        m.tasks = len(summaries)
+        for s in summaries:
+            m.dropped_late_rows += int(s["dropped_late_rows"])
+            for i in s["instances"]:
+                c = i["metrics"]
+                m.rows_in += int(c["rows_in"])
+                m.rows_out += int(c["rows_out"])
+                m.flushes += int(c["flushes"])
+                m.calls += int(c["calls"])
+                m.timeouts += int(c["timeouts"])
+                m.cache_hits += int(c.get("cache_hits", 0))
+                m.cache_misses += int(c.get("cache_misses", 0))
+                m.cache_evictions += int(c.get("cache_evictions", 0))
+                m.cache_syncs += int(c.get("cache_syncs", 0))
+                m.checkpoint_bytes += int(c["checkpoint_bytes"])
+                m.checkpoint_seconds = max(m.checkpoint_seconds, float(c["checkpoint_seconds"]))
+                m.per_instance.append({"instance": i["instance"], **c})
+        return m
+
+
+def _query_class() -> type:
+    from pyspark.sql.streaming.query import StreamingQuery
+
+    class OpbufferQuery(StreamingQuery):
+        """A StreamingQuery that also exposes opbuffer's per-batch metrics."""
+
+        def __init__(self, query: StreamingQuery, runner: StreamRunner) -> None:
+            super().__init__(query._jsq)
+            self.runner = runner
+
+        @property
+        def batch_metrics(self) -> list[BatchMetrics]:
+            """Every batch this query ran, in order."""
+            return list(self.runner.batches)
+
+        @property
+        def last_batch_metrics(self) -> Optional[BatchMetrics]:
+            return self.runner.batches[-1] if self.runner.batches else None
+
+    return OpbufferQuery
+
+
+def _spark_checkpoint(checkpoint_location: Any, spark_checkpoint_location: Optional[str]) -> str:
+    if spark_checkpoint_location is not None:
+        return spark_checkpoint_location
+    location = os.fspath(checkpoint_location)
+    if "://" in location and not location.startswith("file://"):
+        raise ValueError(
+            f"checkpoint_location {location!r} is not a local path: give spark_checkpoint_location= "
+            "(a Hadoop path for Spark's own offsets log)"
+        )
+    return os.path.join(location.removeprefix("file://"), "_spark")
+
+
+def run_stream(
+    df: Any,
+    fn: Any,
+    *,
+    key: Sequence[str] | str,
+    output_schema: Any = None,
+    checkpoint_location: Any,
+    sink: Any,
+    parallelism: Optional[int] = None,
+    max_parallelism: int = DEFAULT_MAX_PARALLELISM,
+    trigger: Optional[Mapping[str, Any]] = None,
+    query_name: Optional[str] = None,
+    timeout: str = "none",
+    event_time: Optional[str] = None,
+    watermark_delay_ms: int = 0,
+    combine_before_shuffle: Optional[bool] = None,
+    retain: Optional[int] = DEFAULT_RETAIN,
+    storage_options: Optional[Mapping[str, Any]] = None,
+    spark_checkpoint_location: Optional[str] = None,
+    workdir: Optional[str] = None,
+    on_batch: Optional[Callable[[BatchMetrics], None]] = None,
+) -> Any:
+    """Run ``fn`` over the streaming DataFrame ``df``, keyed by ``key``, exactly-once; returns the started query.
+
+    Args:
+        df: a streaming DataFrame (``spark.readStream...``).
+        fn: an ``applyInPandasWithState``-shaped function, decorated or not, or
+            ``buffering.aggregate(...)``.
+        key: the key column(s).
+        output_schema: StructType or DDL string of fn's output (inferred for aggregate()).
+        checkpoint_location: where state versions live (local path or fsspec URL).
+            Spark's own offsets go to ``{checkpoint_location}/_spark`` for a local path.
+        sink: ``callable(out_df, batch_id)``, a :mod:`buffering.spark.sinks` sink, or
+            ``"parquet:PATH"`` / ``"delta:PATH"`` / ``"noop"``. It must be idempotent by batch id
+            (the built-in ones are) for end-to-end exactly-once.
+        parallelism: operator instances (= shuffle partitions); may change between restarts.
+        max_parallelism: key groups, fixed for the life of the checkpoint.
+        trigger: ``DataStreamWriter.trigger`` keywords, e.g. ``{"availableNow": True}``.
+        query_name: the query's name.
+        timeout: ``"none"``, ``"processing"`` or ``"event"`` (GroupStateTimeout).
+        event_time: event-time column (timestamp or epoch ms) driving the watermark.
+        watermark_delay_ms: watermark = max event time seen - this delay.
+        combine_before_shuffle: pre-aggregate before the shuffle (default: when fn has a mapping combiner).
+        retain: committed versions kept (older files are deleted).
+        on_batch: called on the driver with each batch's :class:`BatchMetrics`.
+
+    The returned query also has ``batch_metrics`` and ``last_batch_metrics``.
+    """
+    if not getattr(df, "isStreaming", False):
+        raise ValueError("run_stream needs a streaming DataFrame (spark.readStream...); use run_batch for a batch DataFrame")
+    if trigger is not None:
+        if not isinstance(trigger, Mapping) or len(trigger) != 1 or next(iter(trigger)) not in _TRIGGERS:
+            raise ValueError(f"trigger must be one of {{'processingTime': '5 seconds'}}, {{'availableNow': True}}, {{'once': True}}, got {trigger!r}")
+    spark = df.sparkSession
+    runner = StreamRunner(
+        fn,
+        input_schema=df.schema,
+        key=key,
+        output_schema=output_schema,
+        checkpoint_location=checkpoint_location,
+        sink=sink,
+        parallelism=_parallelism(spark, parallelism, max_parallelism),
+        max_parallelism=max_parallelism,
+        timeout=timeout,
+        event_time=event_time,
+        watermark_delay_ms=watermark_delay_ms,
+        combine_before_shuffle=combine_before_shuffle,
+        retain=retain,
+        storage_options=storage_options,
+        workdir=workdir,
+        on_batch=on_batch,
+    )
+    writer = df.writeStream.foreachBatch(runner).option(
+        "checkpointLocation", _spark_checkpoint(checkpoint_location, spark_checkpoint_location)
+    )
+    if trigger is not None:
+        writer = writer.trigger(**dict(trigger))
+    if query_name is not None:
+        writer = writer.queryName(query_name)
+    return _query_class()(writer.start(), runner)

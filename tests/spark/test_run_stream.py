@@ -1,0 +1,210 @@
+"""run_stream on local Spark: same results as Spark's own applyInPandasWithState, exactly-once, rescalable.
+
+Every test feeds a parquet file source one file per micro-batch and compares
+what reached the sink (and the checkpointed state) with a reference run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import buffering
+from buffering import ApproxDistinct, Count
+from buffering.spark import ParquetSink, run_stream
+from checkpoint import read_state
+
+from .helpers import (
+    all_rows,
+    collect_sink,
+    latest_per_key,
+    reference_apply_in_pandas_with_state,
+    stream_of,
+    views,
+    write_batches,
+)
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+SCHEMA = "tweet long, user long, ts long"
+STATS_SCHEMA = "tweet long, views long, viewers long"
+
+
+def tweet_stats(key, rows, state):
+    """What a user writes: a count and a HyperLogLog of viewers, updated row by row."""
+    from datasketches import hll_sketch
+
+    views_, blob = state.get if state.exists else (0, None)
+    sketch = hll_sketch.deserialize(blob) if blob is not None else hll_sketch(12)
+    for pdf in rows:
+        views_ += len(pdf)
+        for user in pdf["user"].tolist():
+            sketch.update(int(user))
+    state.update((views_, sketch.serialize_compact()))
+    yield pd.DataFrame({"tweet": [key[0]], "views": [views_], "viewers": [round(sketch.get_estimate())]})
+
+
+def dedup(key, rows, state):
+    """First-seen (user, tweet) pairs: the state is the user's set of seen tweets (as JSON)."""
+    seen = set(json.loads(state.get[0])) if state.exists else set()
+    fresh = []
+    for pdf in rows:
+        for tweet in pdf["tweet"].tolist():
+            if tweet not in seen:
+                seen.add(tweet)
+                fresh.append(tweet)
+    state.update((json.dumps(sorted(seen)),))
+    yield pd.DataFrame({"user": [key[0]] * len(fresh), "tweet": fresh})
+
+
+@pytest.fixture(scope="module")
+def input_dir(tmp_path_factory):
+    return write_batches(str(tmp_path_factory.mktemp("views") / "in"), views(3, 1500, 60, 400))
+
+
+@pytest.fixture(scope="module")
+def stats_reference(spark, input_dir, tmp_path_factory):
+    checkpoint = str(tmp_path_factory.mktemp("ref-stats"))
+    return reference_apply_in_pandas_with_state(
+        spark, input_dir, SCHEMA, tweet_stats, ["tweet"], STATS_SCHEMA, "views long, hll binary", checkpoint
+    )
+
+
+def _run(spark, input_dir, fn, checkpoint, key="tweet", output_schema=STATS_SCHEMA, **kwargs):
+    out: list = []
+    query = run_stream(
+        stream_of(spark, input_dir, SCHEMA),
+        fn,
+        key=key,
+        output_schema=output_schema,
+        checkpoint_location=checkpoint,
+        sink=kwargs.pop("sink", collect_sink(out)),
+        trigger={"availableNow": True},
+        **kwargs,
+    )
+    query.awaitTermination()
+    return out, query
+
+
+def test_decorated_count_and_hll_equals_apply_in_pandas_with_state(spark, input_dir, stats_reference, tmp_path):
+    decorated = buffering.cached_state(max_entries=16, store="rocksdb")(buffering.mini_batch()(tweet_stats))
+    out, _ = _run(spark, input_dir, decorated, str(tmp_path / "ck"))
+    pd.testing.assert_frame_equal(all_rows(out, ["tweet"]), all_rows(stats_reference, ["tweet"]))
+
+
+def test_final_state_equals_what_apply_in_pandas_with_state_emitted_last(spark, input_dir, stats_reference, tmp_path):
+    decorated = buffering.cached_state(max_entries=16, store="rocksdb")(tweet_stats)
+    _run(spark, input_dir, decorated, str(tmp_path / "ck"))
+    state = read_state(str(tmp_path / "ck")).sort_values("tweet").reset_index(drop=True)
+    last = latest_per_key(stats_reference, ["tweet"])
+    assert state["tweet"].tolist() == last["tweet"].tolist()
+    assert [s[0] for s in state["state"]] == last["views"].tolist()
+
+
+def test_aggregate_counts_exactly_and_estimates_within_the_hll_error_bound(spark, input_dir, stats_reference, tmp_path):
+    operator = buffering.aggregate({"views": Count(), "viewers": ApproxDistinct("user", lg_k=12)})
+    out, _ = _run(spark, input_dir, operator, str(tmp_path / "ck"), output_schema=None)
+    ours = all_rows(out, ["tweet"])
+    ref = all_rows(stats_reference, ["tweet"])
+    assert ours[["batch", "tweet", "views"]].equals(ref[["batch", "tweet", "views"]])
+    # lg_k=12: relative standard error 1.04/sqrt(4096) = 1.6 %; allow 3 sigma
+    assert np.all(np.abs(ours["viewers"].to_numpy() - ref["viewers"].to_numpy()) <= 0.05 * ref["viewers"].to_numpy() + 1)
+
+
+def test_dedup_equals_apply_in_pandas_with_state(spark, input_dir, tmp_path):
+    schema = "user long, tweet long"
+    ref = reference_apply_in_pandas_with_state(
+        spark, input_dir, SCHEMA, dedup, ["user"], schema, "seen string", str(tmp_path / "ref")
+    )
+    decorated = buffering.cached_state(max_entries=50, store="rocksdb")(dedup)
+    out, _ = _run(spark, input_dir, decorated, str(tmp_path / "ck"), key="user", output_schema=schema)
+    pd.testing.assert_frame_equal(all_rows(out, ["user", "tweet"]), all_rows(ref, ["user", "tweet"]))
+
+
+def test_query_reports_cache_and_checkpoint_metrics_per_batch(spark, input_dir, tmp_path):
+    decorated = buffering.cached_state(max_entries=8, store="rocksdb")(tweet_stats)
+    _, query = _run(spark, input_dir, decorated, str(tmp_path / "ck"))
+    metrics = query.batch_metrics
+    assert [m.batch_id for m in metrics] == [0, 1, 2]
+    assert sum(m.rows_in for m in metrics) == 3 * 1500
+    assert all(m.checkpoint_bytes > 0 and m.flushes > 0 for m in metrics)
+    assert sum(m.cache_evictions for m in metrics) > 0  # 60 tweets through caches of 8 entries
+    assert 0.0 < metrics[-1].cache_hit_ratio < 1.0
+
+
+def _fail_first_attempt_midway(marker_dir):
+    """tweet_stats that raises in the middle of a partition of batch 1 on the task's first attempt."""
+
+    def fn(key, rows, state):
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        marker = os.path.join(marker_dir, "failed")
+        batch = context.getLocalProperty("streaming.sql.batchId")
+        if batch == "1" and context.attemptNumber() == 0 and state.exists and state.get[0] > 30:
+            if not os.path.exists(marker):
+                open(marker, "w").close()
+                raise RuntimeError("injected failure in the middle of a partition")
+        yield from tweet_stats(key, rows, state)
+
+    return fn
+
+
+def test_task_failure_in_the_middle_of_a_partition_is_retried_to_the_same_result(spark, input_dir, stats_reference, tmp_path):
+    fn = buffering.cached_state(max_entries=16, store="rocksdb")(_fail_first_attempt_midway(str(tmp_path)))
+    out, _ = _run(spark, input_dir, fn, str(tmp_path / "ck"))
+    assert os.path.exists(tmp_path / "failed"), "the failure was never injected"
+    pd.testing.assert_frame_equal(all_rows(out, ["tweet"]), all_rows(stats_reference, ["tweet"]))
+
+
+def test_rescale_2_to_5_to_3_gives_identical_results(spark, input_dir, stats_reference, tmp_path):
+    """Stop after each batch and restart at another parallelism; Spark could not do this with its own state."""
+    decorated = buffering.cached_state(max_entries=10, store="rocksdb")(tweet_stats)
+    source = str(tmp_path / "in")
+    os.makedirs(source)
+    out: list = []
+    for i, parallelism in enumerate((2, 5, 3)):
+        shutil.copy2(os.path.join(input_dir, f"part-{i:05d}.parquet"), source)
+        _, query = _run(spark, source, decorated, str(tmp_path / "ck"), parallelism=parallelism, sink=collect_sink(out))
+        assert [m.tasks for m in query.batch_metrics] == [parallelism]
+    pd.testing.assert_frame_equal(all_rows(out, ["tweet"]), all_rows(stats_reference, ["tweet"]))
+    state = read_state(str(tmp_path / "ck")).sort_values("tweet").reset_index(drop=True)
+    assert [s[0] for s in state["state"]] == latest_per_key(stats_reference, ["tweet"])["views"].tolist()
+
+
+def test_rerun_of_a_batch_committed_before_a_crash_keeps_its_manifest_and_sink_output(spark, input_dir, stats_reference, tmp_path):
+    checkpoint = str(tmp_path / "ck")
+    sink = ParquetSink(str(tmp_path / "sink"))
+    decorated = buffering.cached_state(max_entries=16, store="rocksdb")(tweet_stats)
+    _run(spark, input_dir, decorated, checkpoint, sink=sink)
+    # The driver died after committing manifest 2 but before Spark logged batch 2 as done.
+    for name in ("2", ".2.crc"):
+        os.remove(os.path.join(checkpoint, "_spark", "commits", name))
+    _, query = _run(spark, input_dir, decorated, checkpoint, sink=sink)
+    assert [(m.batch_id, m.committed) for m in query.batch_metrics] == [(2, False)]
+    written = sink.read(spark).toPandas()
+    ours = all_rows([(b, g.drop(columns="batch_id")) for b, g in written.groupby("batch_id")], ["tweet"])
+    pd.testing.assert_frame_equal(ours, all_rows(stats_reference, ["tweet"]), check_dtype=False)
+
+
+def test_processing_time_timeout_fires_for_keys_without_new_rows(spark, tmp_path):
+    def expiring(key, rows, state):
+        if state.hasTimedOut:
+            state.remove()
+            yield pd.DataFrame({"tweet": [key[0]], "event": ["expired"]})
+            return
+        n = sum(len(pdf) for pdf in rows)
+        state.update((n,))
+        state.setTimeoutDuration(1)
+        yield pd.DataFrame({"tweet": [key[0]], "event": ["seen"]})
+
+    frames = [pd.DataFrame({"tweet": [1, 2], "user": [0, 0], "ts": [0, 0]}), pd.DataFrame({"tweet": [2], "user": [0], "ts": [1]})]
+    source = write_batches(str(tmp_path / "in"), frames)
+    out, _ = _run(spark, source, expiring, str(tmp_path / "ck"), output_schema="tweet long, event string", timeout="processing")
+    events = all_rows(out, ["tweet", "event"])
+    assert events.values.tolist() == [[1, "seen", 0], [2, "seen", 0], [1, "expired", 1], [2, "seen", 1]]

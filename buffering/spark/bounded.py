@@ -150,13 +150,12 @@ def _rows_partition(plan: BoundedPlan, batches: Iterable[pd.DataFrame]) -> Itera
             yield _output(plan, outputs)
 
 
-def _completed_partials(
-    aggs: Aggregations, key_columns: Sequence[str], batches: Iterable[pd.DataFrame]
-) -> Iterator[tuple[pd.DataFrame, list[NormalizedKey]]]:
-    """Partials frames (index: key labels) of complete keys, one per batch, and their normalized keys.
+def _completed_partials(aggs: Aggregations, key_columns: Sequence[str], batches: Iterable[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    """Partials frames (index: the key labels) of complete keys, one per batch.
 
     One vectorized ``partials`` per batch; the last key of a batch is carried
     and merged with the first key of the next batch when they are equal.
+    Only those two labels are normalized per batch.
     """
     by = list(key_columns)
     carry: Optional[pd.DataFrame] = None  # one-row partials frame of the carried key
@@ -165,10 +164,8 @@ def _completed_partials(
         if not len(frame):
             continue
         partials = aggs.partials(frame, by)
-        labels = partials.index.tolist()
-        keys = [normalize_key(label) for label in labels]
         if carry is not None:
-            if keys[0] == carry_key:
+            if normalize_key(partials.index[0]) == carry_key:
                 (_, earlier), (_, later) = next(aggs.rows(carry)), next(aggs.rows(partials.iloc[:1]))
                 merged = aggs.merge(earlier, later)
                 partials = partials.copy()
@@ -176,23 +173,23 @@ def _completed_partials(
                     partials.iat[0, j] = merged[name]
             else:
                 partials = pd.concat([carry, partials])
-                keys = [carry_key, *keys]  # type: ignore[list-item]
-        carry, carry_key = partials.iloc[-1:], keys[-1]
+        carry, carry_key = partials.iloc[-1:], normalize_key(partials.index[-1])
         if len(partials) > 1:
-            yield partials.iloc[:-1], keys[:-1]
+            yield partials.iloc[:-1]
     if carry is not None:
-        yield carry, [carry_key]  # type: ignore[list-item]
+        yield carry
 
 
 def _aggregate_partition(plan: BoundedPlan, aggs: Aggregations, batches: Iterable[pd.DataFrame]) -> Iterator[pd.DataFrame]:
     """``aggregate(...)`` operators: one results frame (key columns + outputs) per batch."""
-    for partials, _ in _completed_partials(aggs, plan.key_columns, batches):
+    for partials in _completed_partials(aggs, plan.key_columns, batches):
         yield _output(plan, [aggs.results(partials).reset_index()])  # the index levels are the key columns
 
 
 def _combined_partition(plan: BoundedPlan, aggs: Aggregations, batches: Iterable[pd.DataFrame]) -> Iterator[pd.DataFrame]:
     """Functions with a mapping combiner: each key's one combined row (its partials), vectorized per batch."""
-    for partials, keys in _completed_partials(aggs, plan.key_columns, batches):
+    for partials in _completed_partials(aggs, plan.key_columns, batches):
+        keys = [normalize_key(label) for label in partials.index.tolist()]
         combined = partials.reset_index(drop=True)
         outputs: list[pd.DataFrame] = []
         for i, nkey in enumerate(keys):
@@ -203,8 +200,11 @@ def _combined_partition(plan: BoundedPlan, aggs: Aggregations, batches: Iterable
 
 def _run_key(plan: BoundedPlan, nkey: NormalizedKey, frames: list[pd.DataFrame]) -> list[pd.DataFrame]:
     """One complete key: its rows (combined by a callable combiner) in one call."""
-    rows = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
-    rows = rows.reset_index(drop=True)
+    if len(frames) == 1:
+        rows = frames[0]
+        rows.index = pd.RangeIndex(len(rows))  # a slice of the batch: a fresh index, no copy of the data
+    else:
+        rows = pd.concat(frames, ignore_index=True)
     config = plan.spec.mini_batch
     if config is not None and callable(config.combine):
         rows = config.combine(rows)
@@ -237,20 +237,44 @@ def _frames(result: Any) -> list[pd.DataFrame]:
 
 
 def _output(plan: BoundedPlan, frames: list[pd.DataFrame]) -> pd.DataFrame:
-    """The frames as one frame of exactly the output columns; ValueError naming a missing column."""
+    """The frames as one frame of exactly the output columns; ValueError naming a missing column.
+
+    Many small frames (one per key) are concatenated column by column, a few
+    times cheaper than ``pd.concat``; anything else (datetimes, extension
+    dtypes, duplicate labels, a missing column) goes the ``pd.concat`` way,
+    which checks every frame first.
+    """
     columns = list(plan.output_columns)
+    if len(frames) > 1:
+        arrays: dict[str, list[np.ndarray]] = {c: [] for c in columns}
+        for frame in frames:
+            if not isinstance(frame, pd.DataFrame) or not frame.columns.is_unique:
+                break
+            try:
+                series = [frame[c] for c in columns]
+            except KeyError:
+                break
+            if not all(isinstance(s.dtype, np.dtype) and s.dtype.kind in _PLAIN_KINDS for s in series):
+                break
+            for column, values in zip(columns, series):
+                arrays[column].append(values.to_numpy())
+        else:
+            return pd.DataFrame({c: np.concatenate(parts) for c, parts in arrays.items()}, columns=columns, copy=False)
     for frame in frames:
         if not isinstance(frame, pd.DataFrame):
             raise TypeError(f"fn must yield pandas DataFrames, got {type(frame).__name__}: {frame!r}")
-        present = frame.columns
-        missing = [c for c in columns if c not in present]
+        missing = [c for c in columns if c not in frame.columns]
         if missing:
             raise ValueError(
                 f"run_batch: fn returned a frame without the output column(s) {missing}: it has "
-                f"{list(present)}, output_schema has {columns}"
+                f"{list(frame.columns)}, output_schema has {columns}"
             )
     out = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
     return out[columns]
+
+
+#: numpy dtype kinds that concatenate like ``pd.concat`` does (bool, ints, floats, objects).
+_PLAIN_KINDS = frozenset("biufO")
 
 
 # ------------------------------------------------------------------ the driver side

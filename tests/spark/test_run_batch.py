@@ -156,6 +156,19 @@ def test_partition_function_applies_a_callable_combiner_to_all_rows_of_a_key() -
     assert dict(zip(out["tweet"], out["pairs"])) == expected.to_dict()
 
 
+def test_partition_function_output_keeps_datetime_and_extension_dtypes() -> None:
+    def stamped(key: tuple, rows: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
+        n = sum(len(f) for f in rows)
+        yield pd.DataFrame({"tweet": [key[0]], "n": pd.array([n], dtype="Int64"),
+                            "at": [pd.Timestamp("2026-01-01") + pd.Timedelta(seconds=n)]})
+
+    pdf = pd.DataFrame({"tweet": [1, 1, 2, 3, 3, 3], "x": range(6)})
+    out = pd.concat(process_partition(plan_for(stamped, ("tweet", "at", "n")), iter([pdf])))
+    assert list(out.columns) == ["tweet", "at", "n"]
+    assert str(out["n"].dtype) == "Int64" and out["at"].dtype.kind == "M"
+    assert out["n"].tolist() == [2, 1, 3]
+
+
 def test_partition_function_yields_nothing_for_no_rows() -> None:
     plan = plan_for(count_and_list, ("tweet", "n", "xs"))
     assert list(process_partition(plan, iter([views(0), views(0)]))) == []

@@ -367,10 +367,14 @@ def run_batch(
     reserved = [c for c in (OPERATOR_COLUMN, SEQUENCE_COLUMN) if c in df.columns]
     if reserved:
         raise ValueError(f"run_batch: df has the column(s) {reserved}, whose names the runner reserves")
-    if spec.aggregations is not None:
-        missing = [c for c in spec.aggregations.input_columns if c not in df.columns]
+    combiner = spec.aggregations
+    if combiner is None and spec.mini_batch is not None:
+        combiner = spec.mini_batch.aggregations
+    if combiner is not None:
+        missing = [c for c in combiner.input_columns if c not in df.columns]
         if missing:
             raise ValueError(f"run_batch: the aggregations read the column(s) {missing}, not in df (it has {df.columns})")
+    if spec.aggregations is not None:
         clash = [name for name in spec.aggregations if name in key_columns]
         if clash:
             raise ValueError(f"run_batch: aggregate output(s) {clash} are also key columns")

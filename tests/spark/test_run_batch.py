@@ -298,6 +298,13 @@ def test_missing_key_column_is_rejected(spark: Any) -> None:
 
 
 @pytest.mark.spark
+def test_missing_aggregation_input_column_is_rejected(spark: Any) -> None:
+    with pytest.raises(ValueError, match=r"\['viewer'\]"):
+        run_batch(spark.createDataFrame(views(10)), buffering.aggregate({"u": ApproxDistinct("viewer")}), key="tweet",
+                  progress=False)
+
+
+@pytest.mark.spark
 @pytest.mark.parametrize("parallelism", [0, 129, 2.5, True])
 def test_bad_parallelism_is_rejected(spark: Any, parallelism: Any) -> None:
     with pytest.raises(ValueError, match=f"parallelism must be .*got {parallelism!r}"):

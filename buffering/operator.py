@@ -61,6 +61,7 @@ class OperatorInstance:
         watermark_present: bool = False,
         storage: Optional[CheckpointStorage] = None,
         workdir: Optional[str] = None,
+        fresh: bool = True,
     ) -> None:
         self.spec = spec
         self.key_columns = list(key_columns)
@@ -83,16 +84,15 @@ class OperatorInstance:
                 if base is None:
                     base = self._owned_dir = tempfile.mkdtemp(prefix="opbuffer-")
                 workdir = os.path.join(base, f"instance-{index}-of-{parallelism}")
-            # The working copy is rebuilt from the checkpoint: never trust leftovers.
-            shutil.rmtree(workdir, ignore_errors=True)
-            root = RocksDBStore(workdir, max_parallelism=max_parallelism, key_types=key_types, table=STATE_TABLE)
-            self.tables: dict[str, Store] = {STATE_TABLE: root}
-            for name in (PENDING_TABLE, TIMERS_TABLE):
-                self.tables[name] = root.table(name)
-            for table in self.tables.values():
-                table.track_changes()  # type: ignore[attr-defined]
-            self._root: Store = root
+            if fresh:
+                # The working copy is rebuilt from the checkpoint: never trust leftovers.
+                shutil.rmtree(workdir, ignore_errors=True)
+            self.workdir: Optional[str] = workdir
+            self._key_types = key_types
+            self.tables: dict[str, Store] = {}
+            self._root: Store = self._open_working_store()
         else:
+            self.workdir = None
             root_memory = MemoryStore(name=STATE_TABLE, max_parallelism=max_parallelism, key_types=key_types)
             self.tables = {STATE_TABLE: root_memory}
             for name in (PENDING_TABLE, TIMERS_TABLE):
@@ -114,6 +114,59 @@ class OperatorInstance:
         self.timers = TimerService(self.tables[TIMERS_TABLE])
         self.buffer = MiniBatchBuffer(self.key_columns, spec.mini_batch)
         self._pending_keys: set[NormalizedKey] = set()
+        self.suspended = False
+
+    def _open_working_store(self) -> RocksDBStore:
+        assert self.workdir is not None
+        root = RocksDBStore(self.workdir, max_parallelism=self.max_parallelism, key_types=self._key_types, table=STATE_TABLE)
+        self.tables[STATE_TABLE] = root
+        for name in (PENDING_TABLE, TIMERS_TABLE):
+            self.tables[name] = root.table(name)
+        for table in self.tables.values():
+            table.track_changes()  # type: ignore[attr-defined]
+        return root
+
+    # ------------------------------------------------------------ handing the working store over
+    def suspend(self) -> None:
+        """Write everything to the working RocksDB and close it, keeping the Python objects.
+
+        Right after a checkpoint the store on disk equals the checkpointed
+        version, so another process can :meth:`adopt` it, or this one can
+        :meth:`resume` with its cache still warm.
+        """
+        if self.workdir is None:
+            raise TypeError("only an instance with a RocksDB working store can be suspended")
+        self._save_pending()
+        if self.cache is not None:
+            self.cache.flush()
+        self._root.close()
+        self.suspended = True
+
+    def resume(self) -> None:
+        """Reopen the working store after :meth:`suspend` (nobody else has changed it since)."""
+        if not self.suspended:
+            return
+        self._root = self._open_working_store()
+        if self.cache is not None:
+            self.cache.rebind(self.tables[STATE_TABLE])
+            self.state = self.cache
+        else:
+            self.state = self.tables[STATE_TABLE]
+        self.timers = TimerService(self.tables[TIMERS_TABLE])
+        self.timers.reload()
+        self.suspended = False
+
+    def adopt(self) -> None:
+        """Take over a working store another process suspended: reload timers and pending rows from it."""
+        for table in self.tables.values():
+            table.drain_changes()  # type: ignore[attr-defined]
+        self._reload_from_tables()
+
+    def _reload_from_tables(self) -> None:
+        self.timers.reload()
+        pending = [(normalize_key(k), v) for k, v in self.tables[PENDING_TABLE].items()]
+        self.buffer.restore(iter(pending))
+        self._pending_keys = {nkey for nkey, _ in pending}
 
     # ------------------------------------------------------------ restore / checkpoint
     def restore(self, manifest: Manifest) -> None:
@@ -122,10 +175,7 @@ class OperatorInstance:
         restore(self.storage, manifest, self.key_groups, self.tables)  # type: ignore[arg-type]
         for table in self.tables.values():
             table.drain_changes()  # type: ignore[attr-defined]  # what was restored is not a change
-        self.timers.reload()
-        pending = [(normalize_key(k), v) for k, v in self.tables[PENDING_TABLE].items()]
-        self.buffer.restore(iter(pending))
-        self._pending_keys = {nkey for nkey, _ in pending}
+        self._reload_from_tables()
 
     def checkpoint(self, version: int, previous: Optional[Manifest]) -> TaskReport:
         """Persist pending rows, flush the cache, and write this instance's task file of ``version``."""
@@ -313,9 +363,10 @@ class OperatorInstance:
 
     def close(self) -> None:
         """Flush the cache and close the working store (a temporary one is deleted)."""
-        if self.cache is not None:
-            self.cache.close()  # flushes and closes the root store's table
-        self._root.close()
+        if not self.suspended:
+            if self.cache is not None:
+                self.cache.close()  # flushes and closes the root store's table
+            self._root.close()
         if self._owned_dir is not None:
             shutil.rmtree(self._owned_dir, ignore_errors=True)
 

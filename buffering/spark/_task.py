@@ -12,11 +12,14 @@ the committed version before N.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
+import shutil
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
@@ -24,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from checkpoint import CheckpointStorage, Manifest
+from state.base import StoreLockedError
 from state.group_state import NO_TIMESTAMP, GroupStateTimeout
 from state.keys import normalize_key
 
@@ -77,7 +81,8 @@ class BatchContext:
 @dataclass
 class _Live:
     instance: OperatorInstance
-    version: Optional[int]  # the committed version its state equals; None while a task runs on it
+    #: The token of the ownership record it released (None while a task runs on it).
+    token: Optional[str]
 
 
 _LIVE: dict[tuple[str, str, int, int], _Live] = {}
@@ -171,22 +176,49 @@ def _manifest(plan: TaskPlan, storage: CheckpointStorage, version: int) -> Manif
     return cached
 
 
-def _instance(plan: TaskPlan, storage: CheckpointStorage, index: int, context: BatchContext) -> OperatorInstance:
-    """The instance for ``index`` at the committed version before this batch: reused or rebuilt."""
-    key = (plan.location, plan.query_id, index, plan.parallelism)
-    live = _LIVE.get(key)
-    if live is not None and live.version == context.previous_version:
-        live.version = None
-        return live.instance
+OWNER_FILE = "OWNER.json"
+
+
+def state_dir(plan: TaskPlan, index: int) -> str:
+    """The executor-local directory of instance ``index``: shared by the worker processes of one machine."""
+    base = plan.workdir or os.path.join(tempfile.gettempdir(), "opbuffer-state")
+    return os.path.join(base, plan.query_id, f"i{index}of{plan.parallelism}")
+
+
+def _claim(directory: str) -> Optional[dict[str, Any]]:
+    """Take the directory's ownership record (atomically: one claimer wins), or None."""
+    claimed = os.path.join(directory, f".claimed-{os.getpid()}-{uuid.uuid4().hex}")
+    try:
+        os.rename(os.path.join(directory, OWNER_FILE), claimed)
+    except FileNotFoundError:
+        return None
+    try:
+        with open(claimed) as f:
+            return dict(json.load(f))
+    except (OSError, ValueError):
+        return None
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(claimed)
+
+
+def _release(directory: str, version: int, token: str, db: str) -> None:
+    """Record that ``db`` holds exactly ``version`` and is closed: the next task may take it over."""
+    tmp = os.path.join(directory, f".owner-{uuid.uuid4().hex}")
+    with open(tmp, "w") as f:
+        json.dump({"version": version, "token": token, "db": db, "pid": os.getpid()}, f)
+    os.replace(tmp, os.path.join(directory, OWNER_FILE))
+
+
+def _drop_live(key: tuple[str, str, int, int]) -> None:
+    live = _LIVE.pop(key, None)
     if live is not None:
-        live.instance.close()
-        del _LIVE[key]
-    # Instances of this location at another parallelism are stale (the job was rescaled).
-    for other in [k for k in _LIVE if k[0] == plan.location and k[3] != plan.parallelism]:
-        _LIVE.pop(other).instance.close()
-    base = plan.workdir or tempfile.gettempdir()
-    workdir = os.path.join(base, f"opbuffer-worker-{os.getpid()}", f"{abs(hash(plan.location)):x}-{plan.query_id}", f"i{index}of{plan.parallelism}")
-    instance = OperatorInstance(
+        with contextlib.suppress(Exception):
+            live.instance.close()
+
+
+def _new_instance(plan: TaskPlan, storage: CheckpointStorage, index: int, workdir: str, fresh: bool) -> OperatorInstance:
+    return OperatorInstance(
         plan.spec,
         key_columns=plan.key_columns,
         key_types=plan.key_types,
@@ -197,7 +229,47 @@ def _instance(plan: TaskPlan, storage: CheckpointStorage, index: int, context: B
         watermark_present=plan.event_time is not None,
         storage=storage,
         workdir=workdir,
+        fresh=fresh,
     )
+
+
+def _instance(plan: TaskPlan, storage: CheckpointStorage, index: int, context: BatchContext) -> OperatorInstance:
+    """The instance for ``index`` at the committed version before this batch.
+
+    In order of preference: this process's own suspended instance (warm
+    cache), the working RocksDB another worker process of this machine left at
+    exactly that version, or a new one restored from the checkpoint.
+    """
+    key = (plan.location, plan.query_id, index, plan.parallelism)
+    directory = state_dir(plan, index)
+    os.makedirs(directory, exist_ok=True)
+    claim = _claim(directory)
+    live = _LIVE.get(key)
+    if claim is not None and claim.get("version") == context.previous_version:
+        db = os.path.join(directory, str(claim["db"]))
+        try:
+            if live is not None and live.token == claim.get("token") and live.instance.suspended:
+                live.instance.resume()
+                live.token = None
+                return live.instance
+            _drop_live(key)
+            instance = _new_instance(plan, storage, index, db, fresh=False)
+            instance.adopt()
+            _LIVE[key] = _Live(instance, None)
+            return instance
+        except StoreLockedError:
+            pass  # a straggling attempt still has it open: build a private copy
+    _drop_live(key)
+    if claim is not None:
+        shutil.rmtree(os.path.join(directory, str(claim["db"])), ignore_errors=True)
+    # Directories of this query at another parallelism are stale (the job was rescaled).
+    parent = os.path.dirname(directory)
+    for name in os.listdir(parent):
+        if not name.endswith(f"of{plan.parallelism}"):
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+    for other in [k for k in _LIVE if k[1] == plan.query_id and k[3] != plan.parallelism]:
+        _drop_live(other)
+    instance = _new_instance(plan, storage, index, os.path.join(directory, f"db-{uuid.uuid4().hex}"), fresh=True)
     if context.previous_version is not None:
         instance.restore(_manifest(plan, storage, context.previous_version))
     _LIVE[key] = _Live(instance, None)
@@ -235,19 +307,38 @@ def run_task(
     batches: Iterator[pd.DataFrame],
     partition_id: Optional[int] = None,
 ) -> Iterator[pd.DataFrame]:
-    """One partition of one micro-batch: process, fire timers, checkpoint, then yield one report row per instance.
+    """One partition of one micro-batch: process, fire timers, checkpoint, then yield one report row.
 
     Rows carry OPERATOR_COLUMN; the partition's own index (``partition_id``)
-    always gets an instance, so its timers fire even when no row arrives.
+    always gets an instance, so its timers fire even when no row arrives. If
+    the task fails or is abandoned, its instances are closed and forgotten:
+    the retry starts again from the checkpoint.
     """
     if partition_id is None:
         from pyspark import TaskContext
 
         task_context = TaskContext.get()
         partition_id = task_context.partitionId() if task_context is not None else 0
+    instances: dict[int, OperatorInstance] = {}
+    completed = False
+    try:
+        yield from _run_task(plan, context, batches, partition_id, instances)
+        completed = True
+    finally:
+        if not completed:
+            for index in instances:
+                _drop_live((plan.location, plan.query_id, index, plan.parallelism))
+
+
+def _run_task(
+    plan: TaskPlan,
+    context: BatchContext,
+    batches: Iterator[pd.DataFrame],
+    partition_id: int,
+    instances: dict[int, OperatorInstance],
+) -> Iterator[pd.DataFrame]:
     storage = _storage(plan)
     started = time.perf_counter()
-    instances: dict[int, OperatorInstance] = {}
     before: dict[int, dict[str, float]] = {}
     max_event = NO_TIMESTAMP
     dropped = 0
@@ -267,7 +358,7 @@ def run_task(
             continue
         ops = frame[OPERATOR_COLUMN].to_numpy()
         for index in np.unique(ops).tolist():
-            part = frame if len(ops) and ops[0] == ops[-1] == index and (ops == index).all() else frame.loc[ops == index]
+            part = frame if ops[0] == ops[-1] == index and (ops == index).all() else frame.loc[ops == index]
             part = part.drop(columns=[OPERATOR_COLUMN]).reset_index(drop=True)
             instance = get(int(index))
             if plan.combined_input:
@@ -284,6 +375,7 @@ def run_task(
             result = _frame(plan, out)
             if result is not None:
                 yield result
+    previous = _manifest(plan, storage, context.previous_version) if context.previous_version is not None else None
     reports = []
     for index in sorted(instances):
         instance = instances[index]
@@ -291,7 +383,7 @@ def run_task(
         if result is not None:
             yield result
         checkpoint_started = time.perf_counter()
-        report = instance.checkpoint(context.version, _manifest(plan, storage, context.previous_version) if context.previous_version is not None else None)
+        report = instance.checkpoint(context.version, previous)
         checkpoint_seconds = time.perf_counter() - checkpoint_started
         after = _counters(instance)
         metrics = {name: after[name] - before[index].get(name, 0.0) for name in after}
@@ -302,7 +394,13 @@ def run_task(
             timers=float(len(instance.timers)),
         )
         reports.append({"instance": index, "report": report.to_dict(), "metrics": metrics})
-        _LIVE[(plan.location, plan.query_id, index, plan.parallelism)].version = context.version
+    # Hand the working stores over only once every instance has checkpointed.
+    for index, instance in instances.items():
+        instance.suspend()
+        token = uuid.uuid4().hex
+        assert instance.workdir is not None
+        _release(state_dir(plan, index), context.version, token, os.path.basename(instance.workdir))
+        _LIVE[(plan.location, plan.query_id, index, plan.parallelism)].token = token
     summary = {
         "partition": partition_id,
         "instances": reports,

@@ -25,6 +25,8 @@ import json
 import logging
 import os
 import time
+
+import xxhash
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -175,7 +177,8 @@ class StreamRunner:
             event_time=event_time,
             combined_input=self.combine_before_shuffle,
             workdir=workdir,
-            query_id=f"{abs(hash((location, tuple(self.key_columns)))):x}",
+            # Stable across driver restarts, so a restarted query finds its workers' working stores.
+            query_id=xxhash.xxh64_hexdigest(json.dumps([location, self.key_columns, parallelism])),
         )
         self._internal_schema = self._with_report(nullable(self.output_schema))
         self._combined_schema = self._combined(input_schema) if self.combine_before_shuffle else None

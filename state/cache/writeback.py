@@ -534,6 +534,21 @@ class WriteBackCache(Store):
         """Cached entries times the sampled entry size (see MemoryEstimator)."""
         return self._estimator.estimate(len(self._data))
 
+    def rebind(self, backend: Store) -> None:
+        """Point a flushed cache at ``backend``: the same store reopened (its contents must be unchanged).
+
+        Cached entries stay valid only because nothing wrote to the store in
+        between; the caller guarantees that (see OperatorInstance.resume).
+        """
+        if self._dirty or self._pending:
+            raise RuntimeError(f"{self.cache_name}: flush() before rebind(); {len(self._dirty)} entries are dirty")
+        if backend.serializer is not self._backend.serializer and type(backend.serializer) is not type(self._backend.serializer):
+            raise TypeError(f"{self.cache_name}: the new backend serializes differently ({backend.serializer!r})")
+        self._backend = backend
+        self._buffered = backend.batches_writes
+        self._dumps = backend.serializer.dumps
+        self._loads = backend.serializer.loads
+
     def stats(self) -> dict[str, Any]:
         """Counters and gauges: hits, misses, hit_ratio, loads, evictions, dirty, entries, syncs, ..."""
         reads = self._hits + self._misses

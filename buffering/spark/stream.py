@@ -178,7 +178,7 @@ class StreamRunner:
             combined_input=self.combine_before_shuffle,
             workdir=workdir,
             # Stable across driver restarts, so a restarted query finds its workers' working stores.
-            query_id=xxhash.xxh64_hexdigest(json.dumps([location, self.key_columns, parallelism])),
+            query_id=xxhash.xxh64_hexdigest(json.dumps([location, self.key_columns, parallelism]).encode()),
         )
         self._internal_schema = self._with_report(nullable(self.output_schema))
         self._combined_schema = self._combined(input_schema) if self.combine_before_shuffle else None

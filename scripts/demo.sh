@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Set up .venv (if missing), install opbuffer, run the main job: the state-layer
-# benchmark (write-back cache over RocksDB). Extra arguments go to the job.
+# Set up .venv (if missing), install opbuffer with the demo extra (matplotlib), and
+# run the main job: examples/tweet_stats.py, per-tweet views and viewers over a
+# skewed stream on local Spark through buffering.spark.run_stream, compared with
+# Spark's own applyInPandasWithState on the same data (per-batch numbers, the
+# speedup, a check that both agree, and a PNG chart).
+# Extra arguments go to the job, e.g.:  bash scripts/demo.sh --views 100000 --out /tmp/tweets
 set -euo pipefail
 
-source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh" "" "demo.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh" "[demo]" "demo.sh"
 
-exec "$PY" -m benchmarks.state_cache --size 300000 "$@"
+exec "$PY" examples/tweet_stats.py "$@"

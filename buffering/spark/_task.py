@@ -34,6 +34,8 @@ from state.keys import normalize_key
 from ..buffer import factorize_keys
 from ..decorators import OperatorSpec
 from ..operator import OperatorInstance
+from ._sql_combine import SqlPartial
+from ._sql_combine import accumulators as sql_accumulators
 
 #: Output column that carries each task's report (JSON); null on data rows.
 REPORT_COLUMN = "__opbuffer_report"
@@ -61,8 +63,11 @@ class TaskPlan:
     output_columns: list[str]
     timeout_conf: str = GroupStateTimeout.NoTimeout
     event_time: Optional[str] = None
-    #: Input rows arrive as map-side accumulators (ACCUMULATOR_COLUMN, ROWS_COLUMN).
-    combined_input: bool = False
+    #: How input rows arrive: "none" (as they are), "python" (pickled accumulators in
+    #: ACCUMULATOR_COLUMN, from combine_partition) or "sql" (Spark SQL partial columns).
+    combine: str = "none"
+    #: With combine == "sql": how each output's partial travels.
+    sql_partials: tuple[SqlPartial, ...] = ()
     #: Working RocksDB directories go under this directory (default: the temp dir).
     workdir: Optional[str] = None
     query_id: str = ""
@@ -116,50 +121,38 @@ def drop_late_rows(plan: TaskPlan, frame: pd.DataFrame, watermark_ms: int) -> tu
 
 
 def combine_partition(plan: TaskPlan, context: BatchContext, batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-    """Map side of the shuffle: one accumulator per key of this input partition.
+    """Map side of the shuffle, in Python: one accumulator per key of this input partition.
 
+    Used when an aggregation has no exact Spark SQL twin (see _sql_combine).
     Output: the key columns, ACCUMULATOR_COLUMN (pickled ``{output: partial}``),
-    ROWS_COLUMN and EVENT_TIME_COLUMN. Python work is per unique key.
+    ROWS_COLUMN and EVENT_TIME_COLUMN. The partition's rows are combined in one
+    vectorized pass; Python work is per unique key.
     """
     aggs = plan.spec.mini_batch.aggregations if plan.spec.mini_batch is not None else None
     assert aggs is not None
-    merged: dict[Any, Any] = {}
-    rows: dict[Any, int] = {}
-    event: dict[Any, int] = {}
-    labels: dict[Any, tuple] = {}
+    frames = []
     for frame in batches:
         frame, _, _ = drop_late_rows(plan, frame, context.watermark_ms)
-        if not len(frame):
-            continue
-        codes, uniques = factorize_keys(frame, plan.key_columns)
-        counts = np.bincount(codes, minlength=len(uniques)).tolist()
-        if plan.event_time is not None:
-            event_ms = pd.Series(_event_ms(frame[plan.event_time])).groupby(codes).max()
-            max_event = event_ms.reindex(range(len(uniques))).tolist()
-        partials = aggs.partials(frame.assign(**{OPERATOR_COLUMN: codes}), [OPERATOR_COLUMN])
-        _, first_rows = np.unique(codes, return_index=True)
-        key_values = frame[plan.key_columns].take(first_rows).itertuples(index=False, name=None)
-        for code, values in enumerate(key_values):
-            labels.setdefault(uniques[code], values)
-        # partials are indexed by code (the codes are in first-appearance order)
-        for code, accumulator in aggs.rows(partials):
-            nkey = uniques[code]
-            previous = merged.get(nkey)
-            merged[nkey] = accumulator if previous is None else aggs.merge(previous, accumulator)
-            rows[nkey] = rows.get(nkey, 0) + counts[code]
-            if plan.event_time is not None:
-                event[nkey] = max(event.get(nkey, NO_TIMESTAMP), int(max_event[code]))
-    if not merged:
+        if len(frame):
+            frames.append(frame)
+    if not frames:
         return
-    keys = list(merged)
-    data: dict[str, Any] = {}
-    for i, name in enumerate(plan.key_columns):
-        data[name] = [labels[k][i] for k in keys]
-    data[ACCUMULATOR_COLUMN] = [pickle.dumps(merged[k], 5) for k in keys]
-    data[ROWS_COLUMN] = np.fromiter((rows[k] for k in keys), dtype=np.int64, count=len(keys))
-    data[EVENT_TIME_COLUMN] = np.fromiter(
-        (event.get(k, NO_TIMESTAMP) for k in keys), dtype=np.int64, count=len(keys)
-    )
+    frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+    del frames
+    codes, uniques = factorize_keys(frame, plan.key_columns)
+    n_keys = len(uniques)
+    rows = np.bincount(codes, minlength=n_keys)
+    if plan.event_time is not None:
+        event = pd.Series(_event_ms(frame[plan.event_time])).groupby(codes).max().reindex(range(n_keys)).to_numpy(np.int64)
+    else:
+        event = np.full(n_keys, NO_TIMESTAMP, dtype=np.int64)
+    # partials are indexed by code, in first-appearance order == code order
+    partials = aggs.partials(frame.assign(**{OPERATOR_COLUMN: codes}), [OPERATOR_COLUMN])
+    _, first_rows = np.unique(codes, return_index=True)
+    data: dict[str, Any] = {name: frame[name].take(first_rows).reset_index(drop=True) for name in plan.key_columns}
+    data[ACCUMULATOR_COLUMN] = [pickle.dumps(accumulator, 5) for _, accumulator in aggs.rows(partials)]
+    data[ROWS_COLUMN] = rows.astype(np.int64)
+    data[EVENT_TIME_COLUMN] = event
     yield pd.DataFrame(data)
 
 
@@ -361,11 +354,14 @@ def _run_task(
             part = frame if ops[0] == ops[-1] == index and (ops == index).all() else frame.loc[ops == index]
             part = part.drop(columns=[OPERATOR_COLUMN]).reset_index(drop=True)
             instance = get(int(index))
-            if plan.combined_input:
+            if plan.combine != "none":
                 if plan.event_time is not None and len(part):
                     max_event = max(max_event, int(part[EVENT_TIME_COLUMN].max()))
                 nkeys = _normalized_keys(part, plan.key_columns)
-                accumulators = [pickle.loads(b) for b in part[ACCUMULATOR_COLUMN].tolist()]
+                if plan.combine == "sql":
+                    accumulators = sql_accumulators(part, list(plan.sql_partials))
+                else:
+                    accumulators = [pickle.loads(b) for b in part[ACCUMULATOR_COLUMN].tolist()]
                 out = instance.process_accumulators(nkeys, accumulators, part[ROWS_COLUMN].tolist(), now, watermark)
             else:
                 part, late, event = drop_late_rows(plan, part, watermark)

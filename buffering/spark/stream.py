@@ -36,6 +36,7 @@ from state.keygroups import DEFAULT_MAX_PARALLELISM, check_max_parallelism
 
 from ..decorators import spec_of
 from . import _task
+from ._sql_combine import sql_exprs, sql_partials
 from ._plan import key_list, key_types_of, nullable, operator_index_sql, output_schema_for
 from ._task import (
     ACCUMULATOR_COLUMN,
@@ -157,6 +158,16 @@ class StreamRunner:
                 "combine_before_shuffle=True needs a mapping combiner (mini_batch(combine={...}) or aggregate(...))"
             )
         self.combine_before_shuffle = bool(combine_before_shuffle)
+        # Spark SQL does the combine when every aggregation has an exact SQL twin (no row
+        # then enters Python before the shuffle); otherwise a Python pass per input partition.
+        self.sql_partials = None
+        if self.combine_before_shuffle and self.timeout_conf != GroupStateTimeout.EventTimeTimeout:
+            assert self.spec.mini_batch is not None and self.spec.mini_batch.aggregations is not None
+            self.sql_partials = sql_partials(self.spec.mini_batch.aggregations, input_schema)
+        self.combine = "none" if not self.combine_before_shuffle else ("sql" if self.sql_partials is not None else "python")
+        self._event_time_type = (
+            next(f.dataType.typeName() for f in input_schema.fields if f.name == event_time) if event_time else None
+        )
         self.output_schema = output_schema_for(self.spec, output_schema, input_schema, self.key_columns)
         self.sink: Sink = sink_of(sink)
         self.retain = retain
@@ -175,7 +186,8 @@ class StreamRunner:
             output_columns=[f.name for f in self.output_schema.fields],
             timeout_conf=self.timeout_conf,
             event_time=event_time,
-            combined_input=self.combine_before_shuffle,
+            combine=self.combine,
+            sql_partials=tuple(self.sql_partials or ()),
             workdir=workdir,
             # Stable across driver restarts, so a restarted query finds its workers' working stores.
             query_id=xxhash.xxh64_hexdigest(json.dumps([location, self.key_columns, parallelism]).encode()),
@@ -253,7 +265,18 @@ class StreamRunner:
         from pyspark.sql import functions as F
 
         frame = batch_df
-        if self.combine_before_shuffle:
+        if self.combine == "sql":
+            assert self.spec.mini_batch is not None and self.spec.mini_batch.aggregations is not None
+            event = F.min(F.lit(NO_TIMESTAMP).cast("long"))
+            if self.event_time is not None:
+                column = F.col(self.event_time)
+                event = F.max(F.unix_millis(column) if self._event_time_type.startswith("timestamp") else column.cast("long"))
+            frame = frame.groupBy(*self.key_columns).agg(
+                F.count(F.lit(1)).alias(ROWS_COLUMN),
+                *sql_exprs(self.spec.mini_batch.aggregations, self.sql_partials or []),
+                event.alias(EVENT_TIME_COLUMN),
+            )
+        elif self.combine == "python":
             frame = frame.mapInPandas(functools.partial(_task.combine_partition, self.plan, context), self._combined_schema)
         frame = frame.withColumn(
             OPERATOR_COLUMN, F.expr(operator_index_sql(self.key_columns, self.parallelism, self.max_parallelism))

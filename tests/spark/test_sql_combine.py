@@ -1,0 +1,67 @@
+"""The map-side combine in Spark SQL gives exactly the partials of the Python combine."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
+
+import buffering
+from buffering import ApproxDistinct, Count, First, Max, Mean, Min, Sum
+from buffering.aggregations import Aggregations
+from buffering.spark._sql_combine import sql_partials
+
+from .helpers import all_rows, collect_sink, stream_of, write_batches
+
+SCHEMA = StructType(
+    [StructField("k", LongType()), StructField("x", LongType()), StructField("s", StringType()), StructField("f", DoubleType())]
+)
+
+
+def test_integral_and_string_aggregations_have_sql_twins():
+    aggs = Aggregations({"n": Count(), "nx": Count("x"), "sx": Sum("x"), "mx": Mean("x"), "lo": Min("s"), "hi": Max("x"), "u": ApproxDistinct("s")})
+    assert [p.kind for p in sql_partials(aggs, SCHEMA)] == ["count", "count", "sum", "mean", "pick_str", "pick_int", "hll"]
+
+
+@pytest.mark.parametrize(
+    "agg",
+    [Sum("f"), Count("f"), Min("f"), First("x"), ApproxDistinct("f")],
+    ids=["sum-double", "count-double", "min-double", "first", "hll-double"],
+)
+def test_aggregations_without_an_exact_sql_twin_fall_back_to_python(agg):
+    assert sql_partials(Aggregations({"a": agg}), SCHEMA) is None
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_sql_combine_equals_python_combine_with_nulls_and_large_integers(spark, tmp_path):
+    rng = np.random.default_rng(4)
+    frames = []
+    for b in range(2):
+        n = 400
+        x = pd.array(rng.integers(-(2**55), 2**55, n), dtype="Int64")  # beyond float precision, sums within int64
+        x[rng.random(n) < 0.2] = pd.NA  # some keys see only nulls
+        s = pd.Series([f"s{v}" for v in rng.integers(0, 50, n)], dtype=object)
+        s[rng.random(n) < 0.2] = None
+        frames.append(pd.DataFrame({"k": rng.integers(0, 30, n).astype(np.int64), "x": x, "s": s, "f": rng.random(n)}))
+    source = write_batches(str(tmp_path / "in"), frames)
+    operator = buffering.aggregate(
+        {"n": Count(), "nx": Count("x"), "sx": Sum("x"), "mx": Mean("x"), "lo": Min("s"), "hi": Max("x"), "u": ApproxDistinct("s")}
+    )
+    results = {}
+    for combine in (True, False):
+        out: list = []
+        query = buffering.spark.run_stream(
+            stream_of(spark, source, "k long, x long, s string, f double"),
+            operator,
+            key="k",
+            checkpoint_location=str(tmp_path / f"ck-{combine}"),
+            sink=collect_sink(out),
+            trigger={"availableNow": True},
+            combine_before_shuffle=combine,
+        )
+        query.awaitTermination()
+        assert query.runner.combine == ("sql" if combine else "none")
+        results[combine] = all_rows(out, ["k"])
+    pd.testing.assert_frame_equal(results[True], results[False])

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import struct
+from collections import deque
 from typing import Any, Iterable, Iterator, Sequence
 
 import xxhash
@@ -345,6 +346,25 @@ class RocksDBStore(Store):
                 delete(raw_key)
             else:
                 put(raw_key, raw_value)
+        if batch.len():
+            self._cf.write(batch)
+
+    def write_raw_columns(self, keys: Sequence[bytes], values: Sequence[bytes | None]) -> None:
+        """:meth:`write_raw` of parallel sequences of raw keys and values (None deletes), in one write batch."""
+        if len(keys) != len(values):
+            raise ValueError(f"{len(keys)} keys but {len(values)} values")
+        batch = WriteBatch(raw_mode=True)
+        batch.set_default_column_family(self._handle)
+        put = batch.put
+        if None in values:
+            delete = batch.delete
+            for raw_key, raw_value in zip(keys, values):
+                if raw_value is None:
+                    delete(raw_key)
+                else:
+                    put(raw_key, raw_value)
+        else:
+            deque(map(put, keys, values), maxlen=0)  # no per-entry Python bytecode
         if batch.len():
             self._cf.write(batch)
 

@@ -106,13 +106,17 @@ def describe(
             entry = files.setdefault(ref.file, {"sections": 0, "bytes": 0})
             entry["sections"] += 1
             entry["bytes"] += ref.length
+            for name in ref.sst_files:  # SST files next to the task file: sections referencing them
+                entry = files.setdefault(name, {"sections": 0, "bytes": 0})
+                entry["sections"] += 1
+                entry["bytes"] += ref.sst_bytes // len(ref.sst_files)
         groups.append({
             "key_group": g,
             "chain": len(chain),
             "kinds": "".join("S" if r.kind == SNAPSHOT else "D" for r in chain),
-            "snapshot_bytes": chain[0].length if chain else 0,
-            "delta_bytes": sum(r.length for r in chain[1:]),
-            "files": sorted({r.file for r in chain}),
+            "snapshot_bytes": chain[0].bytes if chain else 0,
+            "delta_bytes": sum(r.bytes for r in chain[1:]),
+            "files": sorted({r.file for r in chain} | {f for r in chain for f in r.sst_files}),
         })
     for name, entry in files.items():
         try:

@@ -14,7 +14,7 @@ All integers are little-endian. A task file is::
 A section holds the entries of every table of one key group::
 
     section header  "KG" | u16 key group | u8 kind (1 snapshot, 2 delta) | u8 0 | u16 0
-    block *         u8 encoding (1 records, 2 sst) | u8 0 | u16 n | u64 m
+    block *         u8 encoding (1 records, 2 sst, 3 sst_file) | u8 0 | u16 n | u64 m
                     | n bytes: table name (UTF-8) | m bytes: payload
 
 A table without entries in the section has no block. The section's checksum
@@ -31,6 +31,17 @@ Block payloads:
 * ``sst``: a RocksDB SST file (``SstFileWriter``, bytewise comparator, raw
   mode) holding the table's entries of the key group. Only snapshots use it:
   a restore ingests it into RocksDB as it is, with no per-key work in Python.
+  (Format version 1; still read, no longer written.)
+* ``sst_file`` (format version 2): a reference to an SST file of its own
+  next to the task file (``<task file stem>.kg<lo>-<hi>.t<table>.sst``),
+  which holds the table's entries of *several consecutive* key groups
+  written in the same version: ``u64 file size | u64 xxh64 of the file |
+  u16 lo | u16 hi | u16 n | n bytes: bitmap of the key groups in [lo, hi)
+  with entries in the file | file name (UTF-8, relative to the location)``.
+  Every key group in the file has the same reference in its own snapshot
+  section. A restore that wants every key group of the file hard-links it
+  into RocksDB (local storage) or copies it, and ingests it: one file (one
+  fsync) for many key groups, and no copy of the bytes at all when linked.
 
 A *snapshot* section is the complete content of the key group; a *delta* is
 applied on top of the sections before it in the key group's chain (a value
@@ -49,7 +60,7 @@ import xxhash
 
 from .errors import CheckpointCorruptError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: ``sst_file`` blocks (SST files of several key groups next to the task file)
 FILE_MAGIC = b"OPBCKPT1"
 FOOTER_MAGIC = b"OPBCKEND"
 
@@ -57,10 +68,11 @@ SNAPSHOT = "snapshot"
 DELTA = "delta"
 RECORDS = "records"
 SST = "sst"
+SST_FILE = "sst_file"
 
 _KIND_CODES = {SNAPSHOT: 1, DELTA: 2}
 _KIND_NAMES = {v: k for k, v in _KIND_CODES.items()}
-_ENCODING_CODES = {RECORDS: 1, SST: 2}
+_ENCODING_CODES = {RECORDS: 1, SST: 2, SST_FILE: 3}
 _ENCODING_NAMES = {v: k for k, v in _ENCODING_CODES.items()}
 
 TOMBSTONE_LENGTH = 0xFFFFFFFF
@@ -72,6 +84,7 @@ _BLOCK_HEADER = struct.Struct("<BBHQ")
 _INDEX_ENTRY = struct.Struct("<HBBQQQ")
 _U32 = struct.Struct("<I")
 _FOOTER = struct.Struct("<QQQHH8s")
+_SST_FILE_REF = struct.Struct("<QQHHH")
 FOOTER_SIZE = _FOOTER.size
 
 
@@ -138,13 +151,53 @@ def decode_records(payload: bytes | memoryview, *, file: str = "?", key_group: i
     return keys, values
 
 
+# ---------------------------------------------------------------- SST file references
+@dataclass(frozen=True)
+class SstFileRef:
+    """An SST file of its own holding one table's entries of several consecutive key groups."""
+
+    name: str  # relative to the checkpoint location
+    size: int
+    checksum: int  # xxh64 of the whole file
+    key_groups: tuple[int, ...]  # sorted: the key groups with entries in the file
+
+
+def encode_sst_file_ref(ref: SstFileRef) -> bytes:
+    """The payload of an ``sst_file`` block."""
+    groups = ref.key_groups
+    if not groups or list(groups) != sorted(set(groups)):
+        raise ValueError(f"key_groups must be sorted, distinct and non-empty, got {groups!r}")
+    lo, hi = groups[0], groups[-1] + 1
+    bitmap = bytearray((hi - lo + 7) // 8)
+    for g in groups:
+        bitmap[(g - lo) >> 3] |= 1 << ((g - lo) & 7)
+    return _SST_FILE_REF.pack(ref.size, ref.checksum, lo, hi, len(bitmap)) + bytes(bitmap) + ref.name.encode("utf-8")
+
+
+def decode_sst_file_ref(payload: bytes | memoryview, *, file: str = "?", key_group: int | None = None) -> SstFileRef:
+    """Inverse of :func:`encode_sst_file_ref` (of a block whose section checksum was verified)."""
+    try:
+        size, crc, lo, hi, n = _SST_FILE_REF.unpack_from(payload, 0)
+        start = _SST_FILE_REF.size
+        bitmap = bytes(payload[start : start + n])
+        name = str(payload[start + n :], "utf-8")
+        if len(bitmap) != n or n != (hi - lo + 7) // 8 or not name:
+            raise ValueError(f"bitmap of {len(bitmap)}/{n} bytes for key groups {lo}..{hi}, name {name!r}")
+    except (struct.error, ValueError) as exc:
+        raise CheckpointCorruptError(
+            f"corrupt SST file reference in {file!r} (key group {key_group}): {exc}", file=file, key_group=key_group
+        ) from exc
+    groups = tuple(lo + i for i in range(hi - lo) if bitmap[i >> 3] & (1 << (i & 7)))
+    return SstFileRef(name, size, crc, groups)
+
+
 # ---------------------------------------------------------------- sections
 @dataclass(frozen=True)
 class Block:
     """The entries of one table in one section."""
 
     table: str
-    encoding: str  # RECORDS or SST
+    encoding: str  # RECORDS, SST or SST_FILE
     payload: bytes | memoryview
 
 
@@ -159,7 +212,7 @@ def encode_section(key_group: int, kind: str, blocks: Iterable[Block]) -> bytes:
     return b"".join(parts)
 
 
-def decode_section(data: bytes, *, file: str, key_group: int, kind: str | None = None) -> list[Block]:
+def decode_section(data: bytes | memoryview, *, file: str, key_group: int, kind: str | None = None) -> list[Block]:
     """The blocks of a section whose checksum was already verified; checks its header against the reference."""
 
     def corrupt(why: str) -> CheckpointCorruptError:
@@ -187,7 +240,7 @@ def decode_section(data: bytes, *, file: str, key_group: int, kind: str | None =
         pos += _BLOCK_HEADER.size
         if enc not in _ENCODING_NAMES or pos + name_len + payload_len > end:
             raise corrupt(f"bad block (encoding {enc}, {name_len}+{payload_len} bytes at {pos})")
-        name = data[pos : pos + name_len].decode("utf-8")
+        name = str(data[pos : pos + name_len], "utf-8")
         pos += name_len
         blocks.append(Block(name, _ENCODING_NAMES[enc], view[pos : pos + payload_len]))
         pos += payload_len

@@ -26,7 +26,12 @@ def _now() -> str:
 
 @dataclass(frozen=True)
 class SectionRef:
-    """Where one section of one key group is: ``length`` bytes at ``offset`` of ``file``."""
+    """Where one section of one key group is: ``length`` bytes at ``offset`` of ``file``.
+
+    A snapshot section may reference SST files of their own (``sst_files``,
+    shared by the consecutive key groups each holds); ``sst_bytes`` is this
+    key group's share of their bytes.
+    """
 
     key_group: int
     kind: str  # SNAPSHOT or DELTA
@@ -34,23 +39,36 @@ class SectionRef:
     offset: int
     length: int
     checksum: int  # xxh64 of the section bytes
+    sst_files: tuple[str, ...] = ()  # relative to the checkpoint location
+    sst_bytes: int = 0
+
+    @property
+    def bytes(self) -> int:
+        """The bytes this section stands for: its own and its share of the SST files it references."""
+        return self.length + self.sst_bytes
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "kind": self.kind,
             "file": self.file,
             "offset": self.offset,
             "length": self.length,
             "checksum": f"{self.checksum:016x}",
         }
+        if self.sst_files:
+            out["sst_files"] = list(self.sst_files)
+            out["sst_bytes"] = self.sst_bytes
+        return out
 
     @classmethod
     def from_dict(cls, key_group: int, data: Mapping[str, Any]) -> "SectionRef":
         kind = data["kind"]
         if kind not in (SNAPSHOT, DELTA):
             raise ValueError(f"unknown section kind {kind!r}")
+        sst_files = data.get("sst_files")
         return cls(int(key_group), kind, str(data["file"]), int(data["offset"]), int(data["length"]),
-                   int(data["checksum"], 16))
+                   int(data["checksum"], 16), tuple(map(str, sst_files)) if sst_files else (),
+                   int(data.get("sst_bytes", 0)))
 
 
 @dataclass(frozen=True)
@@ -134,12 +152,18 @@ class Manifest:
         return self.chains.get(key_group, ())
 
     def files(self) -> set[str]:
-        """Every task file this version needs."""
-        return {ref.file for chain in self.chains.values() for ref in chain}
+        """Every file this version needs: task files and the SST files their snapshots reference."""
+        out = set()
+        for chain in self.chains.values():
+            for ref in chain:
+                out.add(ref.file)
+                out.update(ref.sst_files)
+        return out
 
     def total_bytes(self, key_groups: Iterable[int] | None = None) -> int:
+        """Bytes of the sections of ``key_groups`` (all by default), with their shares of SST files."""
         groups = self.chains if key_groups is None else key_groups
-        return sum(ref.length for g in groups for ref in self.chain(g))
+        return sum(ref.bytes for g in groups for ref in self.chain(g))
 
     # ------------------------------------------------------------ building
     @classmethod

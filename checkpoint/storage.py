@@ -5,6 +5,7 @@ Layout of a checkpoint location::
     manifests/v0000000007.json     the manifest of version 7 (exists = version 7 is committed)
     manifests/.tmp-v...-<uuid>     a manifest being committed (never read)
     data/v0000000007-<task>-<attempt>.ckpt   task files (one per operator instance, version, attempt)
+    data/v0000000007-<task>-<attempt>.kg<lo>-<hi>.t<i>.sst   SST files a task file's snapshots reference
 
 A version exists only once its manifest exists. A manifest is written to a
 temporary name and renamed (local: ``os.replace`` after ``fsync``; fsspec:
@@ -32,7 +33,7 @@ MANIFEST_DIR = "manifests"
 DATA_DIR = "data"
 _MANIFEST_RE = re.compile(r"^v(\d{10})\.json$")
 _TMP_MANIFEST_RE = re.compile(r"^\.tmp-v(\d{10})-[0-9a-f]+\.json$")
-_DATA_RE = re.compile(r"^v(\d{10})-.*\.ckpt$")
+_DATA_RE = re.compile(r"^v(\d{10})-.*\.(?:ckpt|sst)$")
 _TASK_RE = re.compile(r"[^A-Za-z0-9_.=]+")
 
 
@@ -41,7 +42,7 @@ def manifest_path(version: int) -> str:
 
 
 def data_file_version(name: str) -> int | None:
-    """The version in a task file's name (``data/v0000000007-...``), or None for a foreign file."""
+    """The version in a task (or SST) file's name (``data/v0000000007-...``), or None for a foreign file."""
     match = _DATA_RE.match(name.rsplit("/", 1)[-1])
     return int(match.group(1)) if match else None
 
@@ -216,6 +217,10 @@ class CheckpointStorage:
     @property
     def is_local(self) -> bool:
         return isinstance(self._fs, _LocalFS)
+
+    def local_path(self, rel: str) -> str | None:
+        """The operating-system path of ``rel`` for a local location, None for any other (fsspec) one."""
+        return self._fs.full(rel) if isinstance(self._fs, _LocalFS) else None
 
     # ------------------------------------------------------------ versions and manifests
     def versions(self) -> list[int]:

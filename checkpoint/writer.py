@@ -17,7 +17,16 @@ Which key groups get which section:
   tombstone for a deleted key), unless
 * it has no chain yet, or the chain would grow past ``max_chain`` sections,
   or the chain's deltas would add up to more than ``max_delta_ratio`` times
-  its snapshot: then it gets a SNAPSHOT (compaction), which replaces the chain.
+  its snapshot: then it gets a SNAPSHOT (compaction), which replaces the chain;
+* and a key group whose snapshot shares an SST file with one that gets a new
+  snapshot gets one too (when this task owns it, changed or not), so that
+  no SST file stays wanted only in part.
+
+The snapshots of consecutive key groups written together share one SST file
+per table (at most ``sst_key_groups`` key groups, aligned), next to the task
+file: a restore ingests one file for many key groups (RocksDB fsyncs every
+ingested file, one after the other, so the number of files bounds its speed)
+and, on a local location, hard-links it instead of copying its bytes.
 
 A full snapshot of every owned key group is written when there is no previous
 version (``previous=None``), when ``changes`` is None (the changes are
@@ -35,14 +44,28 @@ import shutil
 import tempfile
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+import xxhash
 from rocksdict import Options, SstFileWriter
 
 from state import RocksDBStore
 
 from .errors import CheckpointError, VersionExistsError
-from .format import DELTA, RECORDS, SNAPSHOT, SST, Block, TaskFileWriter, encode_records, encode_section
+from .format import (
+    DELTA,
+    RECORDS,
+    SNAPSHOT,
+    SST,
+    SST_FILE,
+    Block,
+    SstFileRef,
+    TaskFileWriter,
+    encode_records,
+    encode_section,
+    encode_sst_file_ref,
+)
 from .manifest import Manifest, SectionRef, TaskReport
 from .storage import CheckpointStorage, data_file_version
 
@@ -50,6 +73,8 @@ DEFAULT_MAX_CHAIN = 8
 DEFAULT_MAX_DELTA_RATIO = 0.5
 DEFAULT_RETAIN = 3
 DEFAULT_SST_MIN_ENTRIES = 2048
+DEFAULT_SST_KEY_GROUPS = 16
+_COPY_CHUNK = 8 << 20
 
 
 def _check_range(key_groups: range, max_parallelism: int) -> range:
@@ -91,10 +116,19 @@ class CheckpointWriter:
             fraction of its snapshot's bytes.
         snapshot_encoding: ``"sst"`` (RocksDB SST files: the fastest restore, by
             file ingestion) or ``"records"`` (the portable record list). With
-            ``"sst"``, a table whose key group has fewer than ``sst_min_entries``
-            entries is still written as records: ingesting a file costs a few
-            milliseconds (fsyncs), about as much as writing a thousand records.
+            ``"sst"``, the snapshots of consecutive key groups written together
+            (at most ``sst_key_groups``, inside one aligned block of that many
+            key groups) share one SST file per table, written next to the task
+            file; a table with fewer than ``sst_min_entries`` entries in such a
+            run is still written as records: ingesting a file costs a few
+            milliseconds (RocksDB fsyncs it), about as much as writing a thousand records.
         sst_min_entries: see ``snapshot_encoding``.
+        sst_key_groups: key groups per SST file at most (a power of two divides
+            every parallelism's key-group ranges best). Fewer, larger files make
+            restores faster (one fsync per file); a restore that wants only part
+            of a file (rescaled to more than ``max_parallelism / sst_key_groups``
+            instances, or some of its key groups were snapshotted again since)
+            loads its key groups entry by entry from it. 1: one file per key group.
         tmp_dir: where SST files are built (default :func:`fast_temp_dir`).
     """
 
@@ -109,6 +143,7 @@ class CheckpointWriter:
         max_delta_ratio: float = DEFAULT_MAX_DELTA_RATIO,
         snapshot_encoding: str = SST,
         sst_min_entries: int = DEFAULT_SST_MIN_ENTRIES,
+        sst_key_groups: int = DEFAULT_SST_KEY_GROUPS,
         tmp_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if not isinstance(key_groups, range) or key_groups.step != 1:
@@ -119,6 +154,8 @@ class CheckpointWriter:
             raise ValueError(f"max_delta_ratio must be >= 0, got {max_delta_ratio!r}")
         if snapshot_encoding not in (SST, RECORDS):
             raise ValueError(f"snapshot_encoding must be {SST!r} or {RECORDS!r}, got {snapshot_encoding!r}")
+        if isinstance(sst_key_groups, bool) or not isinstance(sst_key_groups, int) or sst_key_groups < 1:
+            raise ValueError(f"sst_key_groups must be an int >= 1, got {sst_key_groups!r}")
         self.storage = CheckpointStorage.of(storage)
         self.key_groups = key_groups
         self.task = str(task)
@@ -127,6 +164,7 @@ class CheckpointWriter:
         self.max_delta_ratio = max_delta_ratio
         self.snapshot_encoding = snapshot_encoding
         self.sst_min_entries = sst_min_entries
+        self.sst_key_groups = sst_key_groups
         self.tmp_dir = os.fspath(tmp_dir) if tmp_dir is not None else None
 
     # ------------------------------------------------------------ the one entry point
@@ -213,93 +251,238 @@ class CheckpointWriter:
                 if keys:
                     current[name] = dict(zip(keys, tables[name].get_raw_many(keys)))
 
+        def delta_section(g: int) -> bytes | None:
+            """The DELTA section of ``g``, or None when ``g`` gets a snapshot (compaction or no chain)."""
+            if full or previous is None or not previous.chain(g):
+                return None
+            blocks = []
+            for name in names:
+                keys = changed[g].get(name)
+                if keys:
+                    values = current[name]
+                    blocks.append(Block(name, RECORDS, encode_records(keys, [values[k] for k in keys])))
+            delta = encode_section(g, DELTA, blocks)
+            chain = previous.chain(g)
+            delta_bytes = sum(r.bytes for r in chain[1:]) + len(delta)
+            if len(chain) < self.max_chain and delta_bytes <= self.max_delta_ratio * chain[0].bytes:
+                return delta
+            return None
+
+        # Which key groups get a snapshot. A key group whose snapshot is in an SST file shared with other
+        # key groups takes them along (those this task owns): a file wanted only in part would make
+        # restores load it entry by entry. (Delta sections are encoded again when written: memory.)
+        snapshots = set(groups) if full else {g for g in groups if delta_section(g) is None}
+        if previous is not None and snapshots:
+
+            def base_files(h: int) -> tuple[str, ...]:
+                chain = previous.chain(h)
+                return chain[0].sst_files if chain else ()
+
+            sharing: dict[str, list[int]] = defaultdict(list)
+            for h in self.key_groups:
+                for name in base_files(h):
+                    sharing[name].append(h)
+            for g in list(snapshots):
+                for name in base_files(g):
+                    snapshots.update(sharing[name])
+            groups = sorted(set(groups) | snapshots)
+
         path = self.storage.new_data_file(version, self.task)
         header = dict(report_args, key_groups=[self.key_groups.start, self.key_groups.stop], attempt=path,
                       created_at=time.time())
         refs: list[SectionRef] = []
         records = 0
+        sst_files: dict[str, int] = {}  # SST files written next to the task file: name -> size
+
         tmp = tempfile.mkdtemp(prefix="opbuffer-ckpt-", dir=self.tmp_dir or fast_temp_dir())
         try:
             with self.storage.open_write(path) as stream:
                 out = TaskFileWriter(stream, header)
-                for g in groups:
-                    data: bytes | None = None
-                    kind = SNAPSHOT
-                    if not full and previous is not None and previous.chain(g):
-                        blocks = []
-                        for name in names:
-                            keys = changed[g].get(name)
-                            if keys:
-                                values = current[name]
-                                blocks.append(Block(name, RECORDS, encode_records(keys, [values[k] for k in keys])))
-                        delta = encode_section(g, DELTA, blocks)
-                        chain = previous.chain(g)
-                        delta_bytes = sum(r.length for r in chain[1:]) + len(delta)
-                        if len(chain) < self.max_chain and delta_bytes <= self.max_delta_ratio * chain[0].length:
-                            data, kind = delta, DELTA
-                            records += sum(len(changed[g].get(n, ())) for n in names)
-                    if data is None:
-                        data, count = self._snapshot(g, tables, names, tmp)
-                        records += count
-                    entry = out.add_section(g, kind, data)
-                    refs.append(SectionRef(g, kind, path, entry.offset, entry.length, entry.checksum))
+                i = 0
+                while i < len(groups):
+                    g = groups[i]
+                    if g not in snapshots:
+                        delta = delta_section(g)
+                        assert delta is not None
+                        entry = out.add_section(g, DELTA, delta)
+                        refs.append(SectionRef(g, DELTA, path, entry.offset, entry.length, entry.checksum))
+                        records += sum(len(changed[g].get(n, ())) for n in names)
+                        i += 1
+                        continue
+                    # A run of consecutive key groups that all get a snapshot, inside one aligned block of
+                    # sst_key_groups: each table's entries of the run go to one SST file.
+                    run = [g]
+                    if self.snapshot_encoding == SST:
+                        block_of = g // self.sst_key_groups
+                        while (i + len(run) < len(groups) and groups[i + len(run)] == run[-1] + 1
+                               and groups[i + len(run)] // self.sst_key_groups == block_of
+                               and groups[i + len(run)] in snapshots):
+                            run.append(groups[i + len(run)])
+                    for snapshot in self._snapshot_run(run, tables, names, tmp, path, sst_files):
+                        entry = out.add_section(snapshot.key_group, SNAPSHOT, snapshot.data)
+                        refs.append(SectionRef(snapshot.key_group, SNAPSHOT, path, entry.offset, entry.length,
+                                               entry.checksum, snapshot.sst_files, snapshot.sst_bytes))
+                        records += snapshot.count
+                    i += len(run)
                 size = out.finish()
         except BaseException:
             self.storage.delete(path)
+            for name in sst_files:
+                self.storage.delete(name)
             raise
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        return TaskReport(file=path, sections=tuple(refs), bytes=size, records=records,
+        return TaskReport(file=path, sections=tuple(refs), bytes=size + sum(sst_files.values()), records=records,
                           seconds=time.perf_counter() - started, **report_args)
 
     # ------------------------------------------------------------ snapshots
-    def _snapshot(self, key_group: int, tables: Mapping[str, RocksDBStore], names: list[str], tmp: str) -> tuple[bytes, int]:
-        """The SNAPSHOT section of one key group and its entry count."""
-        one = range(key_group, key_group + 1)
-        blocks = []
-        count = 0
+    def _snapshot_run(
+        self,
+        run: list[int],
+        tables: Mapping[str, RocksDBStore],
+        names: list[str],
+        tmp: str,
+        path: str,
+        sst_files: dict[str, int],
+    ) -> list["_Snapshot"]:
+        """The SNAPSHOT sections of the consecutive key groups ``run``, in order.
+
+        Per table: when the run holds at least ``sst_min_entries`` entries (and the
+        encoding is SST), they go to one SST file next to the task file
+        (:func:`sst_file_name`) and every key group of the run with entries gets a
+        reference to it; else each key group gets a records block. Entries are
+        streamed into the SST file key group by key group (memory: one key group).
+        """
+        blocks: dict[int, list[Block]] = {g: [] for g in run}
+        counts = dict.fromkeys(run, 0)
+        shares = dict.fromkeys(run, 0)
+        files: dict[int, list[str]] = {g: [] for g in run}
+        for index, name in enumerate(names):
+            try:
+                result = self._table_run(run, tables[name], index, tmp, path)
+            except _SstBuildError:
+                if self.tmp_dir is not None:
+                    raise
+                # e.g. a RAM-backed tmp is full: build it again on the disk-backed temp
+                with tempfile.TemporaryDirectory(prefix="opbuffer-ckpt-") as fallback:
+                    result = self._table_run(run, tables[name], index, fallback, path)
+            sst, per_group = result
+            for g, n, payload in per_group:
+                counts[g] += n
+                if payload is not None:
+                    blocks[g].append(Block(name, RECORDS, payload))
+            if sst is not None:
+                ref, raw_bytes = sst
+                sst_files[ref.name] = ref.size
+                reference = encode_sst_file_ref(ref)
+                total_raw = sum(raw_bytes.values())
+                for g in ref.key_groups:
+                    blocks[g].append(Block(name, SST_FILE, reference))
+                    files[g].append(ref.name)
+                    shares[g] += ref.size * raw_bytes[g] // max(1, total_raw)
+        return [_Snapshot(g, encode_section(g, SNAPSHOT, blocks[g]), counts[g], tuple(files[g]), shares[g])
+                for g in run]
+
+    def _table_run(
+        self, run: list[int], table: RocksDBStore, index: int, tmp: str, path: str
+    ) -> tuple[tuple[SstFileRef, dict[int, int]] | None, list[tuple[int, int, bytes | None]]]:
+        """One table's entries of ``run``: ``(SST file and raw bytes per key group, or None; per key group
+        (key group, entries, records payload or None))``."""
         sst = self.snapshot_encoding == SST
-        for i, name in enumerate(names):
+        per_group: list[tuple[int, int, bytes | None]] = []
+        pending: list[tuple[int, list[bytes], list[bytes]]] = []  # not yet in the SST file (maybe records)
+        pending_entries = 0
+        writer: SstFileWriter | None = None
+        local = os.path.join(tmp, f"run-{run[0]}-{index}.sst")
+        in_file: list[int] = []
+        raw_bytes: dict[int, int] = {}
+
+        def add(g: int, keys: list[bytes], values: list[bytes]) -> None:
+            assert writer is not None
+            try:
+                for k, v in zip(keys, values):
+                    writer[k] = v
+            except Exception as exc:  # rocksdict raises plain Exception
+                raise _SstBuildError(str(exc)) from exc
+            in_file.append(g)
+            raw_bytes[g] = sum(map(len, keys)) + sum(map(len, values))
+            per_group.append((g, len(keys), None))
+
+        for g in run:
             keys: list[bytes] = []
             values: list[bytes] = []
             add_key, add_value = keys.append, values.append
-            for k, v in tables[name].iter_raw(one):
+            for k, v in table.iter_raw(range(g, g + 1)):
                 add_key(k)
                 add_value(v)
             if not keys:
                 continue
-            count += len(keys)
-            if sst and len(keys) >= self.sst_min_entries:
-                file_name = f"{key_group}-{i}.sst"
+            if writer is not None:
+                add(g, keys, values)
+                continue
+            pending.append((g, keys, values))
+            pending_entries += len(keys)
+            if sst and pending_entries >= self.sst_min_entries:
                 try:
-                    payload = _sst_bytes(keys, values, os.path.join(tmp, file_name))
-                except Exception:  # rocksdict raises plain Exception, e.g. when a RAM-backed tmp is full
-                    if self.tmp_dir is not None:
-                        raise
-                    with tempfile.TemporaryDirectory(prefix="opbuffer-ckpt-") as fallback:
-                        payload = _sst_bytes(keys, values, os.path.join(fallback, file_name))
-                blocks.append(Block(name, SST, payload))
-            else:
-                blocks.append(Block(name, RECORDS, encode_records(keys, values)))
-        return encode_section(key_group, SNAPSHOT, blocks), count
+                    writer = SstFileWriter(_sst_options())
+                    writer.open(local)
+                except Exception as exc:
+                    raise _SstBuildError(str(exc)) from exc
+                for pg, pkeys, pvalues in pending:
+                    add(pg, pkeys, pvalues)
+                pending = []
+        for g, keys, values in pending:
+            per_group.append((g, len(keys), encode_records(keys, values)))
+        per_group.sort(key=lambda item: item[0])
+        if writer is None:
+            return None, per_group
+        try:
+            writer.finish()
+        except Exception as exc:
+            raise _SstBuildError(str(exc)) from exc
+        name = sst_file_name(path, in_file[0], in_file[-1] + 1, index)
+        try:
+            size, crc = self._publish(local, name)
+        finally:
+            os.remove(local)
+        return (SstFileRef(name, size, crc, tuple(in_file)), raw_bytes), per_group
+
+    def _publish(self, local: str, name: str) -> tuple[int, int]:
+        """Copy a built SST file to ``name`` in the checkpoint location; returns its size and xxh64."""
+        hasher = xxhash.xxh64()
+        size = 0
+        with open(local, "rb") as src, self.storage.open_write(name) as dst:
+            while True:
+                chunk = src.read(_COPY_CHUNK)
+                if not chunk:
+                    break
+                hasher.update(chunk)
+                dst.write(chunk)
+                size += len(chunk)
+        return size, hasher.intdigest()
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    key_group: int
+    data: bytes  # the section
+    count: int  # entries
+    sst_files: tuple[str, ...]
+    sst_bytes: int
+
+
+class _SstBuildError(Exception):
+    """Building an SST file in the temp directory failed."""
+
+
+def sst_file_name(task_file: str, lo: int, hi: int, table_index: int) -> str:
+    """The name of the SST file of key groups ``lo..hi-1`` of one table, next to its task file."""
+    stem = task_file[: -len(".ckpt")] if task_file.endswith(".ckpt") else task_file
+    return f"{stem}.kg{lo:05d}-{hi - 1:05d}.t{table_index}.sst"
 
 
 def _sst_options() -> Options:
     return Options(raw_mode=True)
-
-
-def _sst_bytes(keys: list[bytes], values: list[bytes], path: str) -> bytes:
-    """The bytes of an SST file of sorted, non-empty ``keys`` and their values, built at ``path``."""
-    writer = SstFileWriter(_sst_options())
-    writer.open(path)
-    for k, v in zip(keys, values):
-        writer[k] = v
-    writer.finish()
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    finally:
-        os.remove(path)
 
 
 # ---------------------------------------------------------------- the driver
@@ -338,6 +521,9 @@ def commit(
     for report in parsed:
         if report.file is not None and not storage.exists(report.file):
             raise CheckpointError(f"task {report.task!r} reported {report.file!r}, which does not exist")
+        for name in sorted({f for ref in report.sections for f in ref.sst_files}):
+            if not storage.exists(name):
+                raise CheckpointError(f"task {report.task!r} reported the SST file {name!r}, which does not exist")
     storage.write_manifest(manifest)
     if retain is not None:
         apply_retention(storage, retain)

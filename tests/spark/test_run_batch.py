@@ -312,6 +312,7 @@ def test_bad_parallelism_is_rejected(spark: Any, parallelism: Any) -> None:
 
 
 @pytest.mark.spark
+@pytest.mark.slow  # the failing task is attempted 4 times (local[2,4])
 def test_missing_output_column_fails_the_job(spark: Any) -> None:
     df = spark.createDataFrame(views(20))
     with pytest.raises(Exception, match=r"output column\(s\) \['xs2'\]"):  # a PythonException from the task

@@ -10,8 +10,11 @@ The variants, each reading the parquet files and writing its result as
 parquet into a fresh directory (the same sink for all):
 
 batch      ``buffering.spark.run_batch(df, aggregate({"count": Count()}), key="word",
-           progress=False)``: repartition by key group, sort within partitions,
-           vectorized partials per Arrow batch (the candidate).
+           progress=False)`` (the candidate): Count has an exact Spark SQL twin, so
+           Spark SQL combines each word's rows first (partial aggregation before the
+           shuffle), then repartition by key group, sort, one row per word in Python.
+batch_sort the same with ``combine_before_shuffle=False``: every record is shuffled,
+           sorted and streamed to Python, vectorized partials per Arrow batch.
 batch_fn   ``run_batch`` with a plain word-count function ``(key, rows, state)``
            (one Python call per word; state updated as a real stateful fn does).
 aip        Spark's ``groupBy("word").applyInPandas(count_words, "word string, count long")``.
@@ -39,7 +42,7 @@ Spark: ``--master`` (local[2]), UI off, loopback driver, shuffle partitions =
 ``--parallelism`` (4), Arrow on. The load average is recorded around every run.
 
     python -m benchmarks.bounded [--quick] [--size N] [--keys N] [--files N] [--repeat N]
-                                 [--variants batch,batch_fn,aip,hash,hash_nocombine] [--parallelism P]
+                                 [--variants batch,batch_sort,batch_fn,aip,hash,hash_nocombine] [--parallelism P]
                                  [--max-entries N] [--warmup N] [--master URL]
 """
 
@@ -65,10 +68,11 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 KEYS = 400_000
 QUICK_KEYS = 20_000
-VARIANTS = ("batch", "batch_fn", "aip", "hash", "hash_nocombine")
-DEFAULT_VARIANTS = ("batch", "batch_fn", "aip", "hash")
+VARIANTS = ("batch", "batch_sort", "batch_fn", "aip", "hash", "hash_nocombine")
+DEFAULT_VARIANTS = ("batch", "batch_sort", "batch_fn", "aip", "hash")
 LABELS = {
     "batch": "run_batch, aggregate(Count)",
+    "batch_sort": "run_batch, aggregate(Count), no SQL combine",
     "batch_fn": "run_batch, plain word-count fn",
     "aip": "groupBy.applyInPandas",
     "hash": "run_stream, 1 micro-batch, RocksDB cache",
@@ -171,12 +175,13 @@ def run_variant(spark: Any, variant: str, source: str, work: str, args: argparse
     os.makedirs(work)
     out = os.path.join(work, "out")
     result: dict[str, Any] = {"variant": variant, "out": out, "load_before": list(os.getloadavg())}
-    if variant in ("batch", "batch_fn"):
-        fn = count_aggregate() if variant == "batch" else word_count
-        schema = None if variant == "batch" else OUTPUT_SCHEMA
+    if variant in ("batch", "batch_sort", "batch_fn"):
+        fn = word_count if variant == "batch_fn" else count_aggregate()
+        schema = OUTPUT_SCHEMA if variant == "batch_fn" else None
         started = now()
         df = spark.read.parquet(source)
         run_batch(df, fn, key="word", output_schema=schema, parallelism=args.parallelism,
+                  combine_before_shuffle=False if variant == "batch_sort" else None,
                   progress=False).write.mode("overwrite").parquet(out)
         result["seconds"] = now() - started
     elif variant == "aip":

@@ -26,6 +26,10 @@ does (the function receives the key's combined row(s), as under
 ``buffering.aggregate({...})`` operators run vectorized: one
 :meth:`Aggregations.partials` per Arrow batch grouped by key, the carried key's
 accumulator merged in, one results frame (key columns + outputs) per batch.
+When every aggregation of a mapping combiner (``aggregate`` or
+``mini_batch(combine={...})``) has an exact Spark SQL twin, Spark SQL combines
+each key's rows first (``groupBy(key).agg(...)``, partial aggregation before
+its shuffle), so each key reaches Python as one row (``combine_before_shuffle``).
 
 Nothing at module level imports pyspark, so :func:`process_partition` is
 testable with plain pandas frames.
@@ -49,7 +53,10 @@ from state.keys import NormalizedKey, denormalize_key, normalize_key
 
 from ..aggregations import Aggregations, First, Last
 from ..decorators import OperatorSpec, spec_of
+from ..buffer import _object_column
 from ._plan import _quoted, key_list, key_types_of, operator_index_sql, output_schema_for
+from ._sql_combine import SqlPartial, sql_exprs, sql_partials
+from ._sql_combine import accumulators as sql_accumulators
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame
@@ -73,6 +80,8 @@ class BoundedPlan:
     #: Processing time of the whole run, chosen once on the driver (task retries reuse it).
     processing_time_ms: int
     timeout_conf: str = GroupStateTimeout.NoTimeout
+    #: Set when Spark SQL combined the input already (one row of SQL partial columns per key).
+    sql_partials: tuple[SqlPartial, ...] = ()
 
 
 # ------------------------------------------------------------------ the worker side
@@ -150,20 +159,30 @@ def _rows_partition(plan: BoundedPlan, batches: Iterable[pd.DataFrame]) -> Itera
             yield _output(plan, outputs)
 
 
-def _completed_partials(aggs: Aggregations, key_columns: Sequence[str], batches: Iterable[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+def _partials_frame(plan: BoundedPlan, aggs: Aggregations, frame: pd.DataFrame) -> pd.DataFrame:
+    """The partials frame of one batch: vectorized ``partials`` of raw rows, or Spark SQL's partial columns."""
+    by = list(plan.key_columns)
+    if not plan.sql_partials:
+        return aggs.partials(frame, by)
+    accumulators = sql_accumulators(frame, list(plan.sql_partials))
+    index = pd.MultiIndex.from_frame(frame[by]) if len(by) > 1 else pd.Index(frame[by[0]], name=by[0])
+    data = {name: _object_column([acc[name] for acc in accumulators]) for name in aggs}
+    return pd.DataFrame(data, index=index, columns=list(aggs))
+
+
+def _completed_partials(plan: BoundedPlan, aggs: Aggregations, batches: Iterable[pd.DataFrame]) -> Iterator[pd.DataFrame]:
     """Partials frames (index: the key labels) of complete keys, one per batch.
 
     One vectorized ``partials`` per batch; the last key of a batch is carried
     and merged with the first key of the next batch when they are equal.
     Only those two labels are normalized per batch.
     """
-    by = list(key_columns)
     carry: Optional[pd.DataFrame] = None  # one-row partials frame of the carried key
     carry_key: Optional[NormalizedKey] = None
     for frame in batches:
         if not len(frame):
             continue
-        partials = aggs.partials(frame, by)
+        partials = _partials_frame(plan, aggs, frame)
         if carry is not None:
             if normalize_key(partials.index[0]) == carry_key:
                 (_, earlier), (_, later) = next(aggs.rows(carry)), next(aggs.rows(partials.iloc[:1]))
@@ -182,13 +201,13 @@ def _completed_partials(aggs: Aggregations, key_columns: Sequence[str], batches:
 
 def _aggregate_partition(plan: BoundedPlan, aggs: Aggregations, batches: Iterable[pd.DataFrame]) -> Iterator[pd.DataFrame]:
     """``aggregate(...)`` operators: one results frame (key columns + outputs) per batch."""
-    for partials in _completed_partials(aggs, plan.key_columns, batches):
+    for partials in _completed_partials(plan, aggs, batches):
         yield _output(plan, [aggs.results(partials).reset_index()])  # the index levels are the key columns
 
 
 def _combined_partition(plan: BoundedPlan, aggs: Aggregations, batches: Iterable[pd.DataFrame]) -> Iterator[pd.DataFrame]:
     """Functions with a mapping combiner: each key's one combined row (its partials), vectorized per batch."""
-    for partials in _completed_partials(aggs, plan.key_columns, batches):
+    for partials in _completed_partials(plan, aggs, batches):
         keys = [normalize_key(label) for label in partials.index.tolist()]
         combined = partials.reset_index(drop=True)
         outputs: list[pd.DataFrame] = []
@@ -281,10 +300,13 @@ _PLAIN_KINDS = frozenset("biufO")
 
 
 def _needs_input_order(spec: OperatorSpec) -> bool:
-    """Whether the order of rows within a key can change the result (First/Last aggregations only, for aggregates)."""
-    if spec.aggregations is None:
+    """Whether the order of rows within a key can change what fn sees (with a mapping combiner: First/Last only)."""
+    aggs = spec.aggregations
+    if aggs is None and spec.mini_batch is not None:
+        aggs = spec.mini_batch.aggregations
+    if aggs is None:
         return True
-    return any(isinstance(agg, (First, Last)) for agg in spec.aggregations.values())
+    return any(isinstance(agg, (First, Last)) for agg in aggs.values())
 
 
 def run_batch(
@@ -296,6 +318,7 @@ def run_batch(
     parallelism: Optional[int] = None,
     max_parallelism: int = DEFAULT_MAX_PARALLELISM,
     timeout: str = "none",
+    combine_before_shuffle: Optional[bool] = None,
     progress: bool = True,
 ) -> "DataFrame":
     """Run an opbuffer operator over a batch DataFrame, sort-based, with state for one key at a time.
@@ -314,6 +337,12 @@ def run_batch(
             streaming runner routes them.
         timeout: ``"none"``, ``"processing"`` or ``"event"``: the GroupState
             timeout mode, so ``fn`` may set timeouts.
+        combine_before_shuffle: with a mapping combiner (``aggregate(...)`` or
+            ``mini_batch(combine={...})``), let Spark SQL combine each key's rows
+            (``groupBy(key).agg(...)``: partial aggregation before the shuffle)
+            so that each key reaches Python as one row. None (default): when
+            every aggregation has an exact SQL twin (see ``_sql_combine``);
+            True: require it (ValueError otherwise); False: never.
         progress: materialize the result now (persist + count) with a console
             progress bar of the tasks, and return the persisted DataFrame
             (``unpersist()`` it when done); False returns the lazy DataFrame.
@@ -335,7 +364,8 @@ def run_batch(
     * Processing time (``state.getCurrentProcessingTimeMs()``) is chosen once
       per run on the driver. There is no event-time watermark.
     * ``aggregate(...)`` operators produce one row per key (key columns, then
-      outputs), computed vectorized per Arrow batch.
+      outputs), computed vectorized per Arrow batch (or by Spark SQL, see
+      ``combine_before_shuffle``).
 
     Errors: TypeError/ValueError on the driver for a streaming ``df``, a
     missing key or input column, a bad ``parallelism`` / ``max_parallelism`` /
@@ -388,14 +418,30 @@ def run_batch(
                 f"produce (it produces {produced})"
             )
 
+    parts = None
+    if combine_before_shuffle is not False and combiner is not None:
+        parts = sql_partials(combiner, df.schema)
+    if combine_before_shuffle and parts is None:
+        raise ValueError(
+            "run_batch: combine_before_shuffle=True needs a mapping combiner (aggregate(...) or "
+            "mini_batch(combine={...})) whose every aggregation has an exact Spark SQL twin; "
+            f"got {combiner!r}"
+        )
+
     plan = BoundedPlan(
         spec=spec,
         key_columns=tuple(key_columns),
         output_columns=tuple(f.name for f in schema.fields),
         processing_time_ms=int(time.time() * 1000),
         timeout_conf=conf,
+        sql_partials=tuple(parts or ()),
     )
-    ordered = _needs_input_order(spec)
+    if parts is not None:
+        # Spark SQL combines each key's rows (partial aggregation before its shuffle, final
+        # after): one row per key, and no input row crosses into Python.
+        assert combiner is not None
+        df = df.groupBy(*[F.col(_quoted(c)) for c in key_columns]).agg(*sql_exprs(combiner, parts))
+    ordered = parts is None and _needs_input_order(spec)
     staged = df.withColumn(OPERATOR_COLUMN, F.expr(operator_index))
     if ordered:
         staged = staged.withColumn(SEQUENCE_COLUMN, F.monotonically_increasing_id())

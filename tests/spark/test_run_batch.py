@@ -204,12 +204,23 @@ def test_partition_function_fires_a_timeout_once_per_key() -> None:
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("operator", ["plain", "combine", "aggregate"])
-def test_run_batch_equals_local_runner(spark: Any, operator: str) -> None:
+@pytest.mark.parametrize(
+    "operator, sql_combine",
+    [("plain", None), ("combine", True), ("combine", False), ("aggregate", True), ("aggregate", False)],
+)
+def test_run_batch_equals_local_runner(spark: Any, operator: str, sql_combine: Any) -> None:
     fn, schema = OPERATORS[operator]
     pdf = views()
-    out = run_batch(spark.createDataFrame(pdf), fn, key="tweet", output_schema=schema, progress=False)
+    out = run_batch(spark.createDataFrame(pdf), fn, key="tweet", output_schema=schema,
+                    combine_before_shuffle=sql_combine, progress=False)
     assert collect(out, ["tweet"]).equals(local_final(fn, pdf, ["tweet"]))
+
+
+@pytest.mark.spark
+def test_combine_before_shuffle_needs_sql_twins(spark: Any) -> None:
+    fn = buffering.aggregate({"n": Count(), "first": buffering.First("x")})
+    with pytest.raises(ValueError, match="exact Spark SQL twin"):
+        run_batch(spark.createDataFrame(views(10)), fn, key="tweet", combine_before_shuffle=True, progress=False)
 
 
 @pytest.mark.spark
@@ -219,7 +230,7 @@ def test_keys_spanning_arrow_batches(spark: Any, operator: str) -> None:
     pdf = views(200, tweets=8)  # ~25 rows per key, batches of 3 rows: every key spans batches
     with spark_conf(spark, "spark.sql.execution.arrow.maxRecordsPerBatch", "3"):
         out = collect(run_batch(spark.createDataFrame(pdf), fn, key="tweet", output_schema=schema,
-                                parallelism=2, progress=False), ["tweet"])
+                                parallelism=2, combine_before_shuffle=False, progress=False), ["tweet"])
     assert out.equals(local_final(fn, pdf, ["tweet"]))
 
 

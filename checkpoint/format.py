@@ -35,7 +35,7 @@ Block payloads:
 * ``sst_file`` (format version 2): a reference to an SST file of its own
   next to the task file (``<task file stem>.kg<lo>-<hi>.t<table>.sst``),
   which holds the table's entries of *several consecutive* key groups
-  written in the same version: ``u64 file size | u64 xxh64 of the file |
+  written in the same version: ``u64 file size | u64 xxh3_64 of the file |
   u16 lo | u16 hi | u16 n | n bytes: bitmap of the key groups in [lo, hi)
   with entries in the file | file name (UTF-8, relative to the location)``.
   Every key group in the file has the same reference in its own snapshot
@@ -91,6 +91,16 @@ FOOTER_SIZE = _FOOTER.size
 def checksum(data: bytes | bytearray | memoryview) -> int:
     """The checksum of a section (xxh64, seed 0), as an unsigned 64-bit int."""
     return xxhash.xxh64_intdigest(data)
+
+
+def file_checksum(data: bytes | bytearray | memoryview) -> int:
+    """The checksum of an SST file of its own (xxh3_64, seed 0: about twice as fast as xxh64 on large inputs)."""
+    return xxhash.xxh3_64_intdigest(data)
+
+
+def file_hasher() -> Any:
+    """A streaming hasher of :func:`file_checksum` (``update(bytes)``, ``intdigest()``)."""
+    return xxhash.xxh3_64()
 
 
 def kind_code(kind: str) -> int:
@@ -158,7 +168,7 @@ class SstFileRef:
 
     name: str  # relative to the checkpoint location
     size: int
-    checksum: int  # xxh64 of the whole file
+    checksum: int  # xxh3_64 of the whole file (file_checksum)
     key_groups: tuple[int, ...]  # sorted: the key groups with entries in the file
 
 

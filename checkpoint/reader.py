@@ -49,8 +49,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-import xxhash
-
 from state import RocksDBStore
 
 from .errors import CheckpointCorruptError, CheckpointError
@@ -64,6 +62,8 @@ from .format import (
     decode_records,
     decode_section,
     decode_sst_file_ref,
+    file_checksum,
+    file_hasher,
 )
 from .manifest import Manifest, SectionRef
 from .storage import CheckpointStorage
@@ -507,14 +507,14 @@ def _verified_sst_file(path: str, use: _SstFileUse) -> memoryview:
         if size != use.ref.size:
             raise use.corrupt(f"is truncated or damaged: it has {size} bytes, the checkpoint wrote {use.ref.size}")
         view = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)) if size else memoryview(b"")
-    if checksum(view) != use.ref.checksum:
+    if file_checksum(view) != use.ref.checksum:
         raise use.corrupt("is corrupt (checksum mismatch)")
     return view
 
 
 def _copy_verified(storage: CheckpointStorage, use: _SstFileUse, path: str | None) -> None:
     """Read an SST file (to ``path``, fdatasync'ed, unless None), verifying its size and checksum."""
-    hasher = xxhash.xxh64()
+    hasher = file_hasher()
     size = 0
     try:
         stream = storage.open_read(use.ref.name)

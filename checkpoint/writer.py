@@ -47,7 +47,6 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-import xxhash
 from rocksdict import Options, SstFileWriter
 
 from state import RocksDBStore
@@ -65,6 +64,7 @@ from .format import (
     encode_records,
     encode_section,
     encode_sst_file_ref,
+    file_hasher,
 )
 from .manifest import Manifest, SectionRef, TaskReport
 from .storage import CheckpointStorage, data_file_version
@@ -448,8 +448,8 @@ class CheckpointWriter:
         return (SstFileRef(name, size, crc, tuple(in_file)), raw_bytes), per_group
 
     def _publish(self, local: str, name: str) -> tuple[int, int]:
-        """Copy a built SST file to ``name`` in the checkpoint location; returns its size and xxh64."""
-        hasher = xxhash.xxh64()
+        """Copy a built SST file to ``name`` in the checkpoint location; returns its size and checksum."""
+        hasher = file_hasher()
         size = 0
         with open(local, "rb") as src, self.storage.open_write(name) as dst:
             while True:

@@ -69,7 +69,7 @@ import sys
 import tempfile
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
 import pandas as pd

@@ -121,6 +121,16 @@ def encode_records(keys: Sequence[bytes], values: Sequence[bytes | None]) -> byt
     return b"".join((head, b"".join(keys), b"".join(v for v in values if v is not None)))
 
 
+def encoded_records_size(keys: Sequence[bytes], values: Iterable[bytes | None]) -> int:
+    """``len(encode_records(keys, values))`` without encoding them."""
+    return 4 + 8 * len(keys) + sum(map(len, keys)) + sum(len(v) for v in values if v is not None)
+
+
+def encoded_section_size(blocks: Iterable[tuple[str, int]]) -> int:
+    """``len(encode_section(...))`` of blocks given as ``(table, payload size)``."""
+    return _SECTION_HEADER.size + sum(_BLOCK_HEADER.size + len(t.encode("utf-8")) + n for t, n in blocks)
+
+
 def decode_records(payload: bytes | memoryview, *, file: str = "?", key_group: int | None = None) -> tuple[list[bytes], list[bytes | None]]:
     """Inverse of :func:`encode_records`: ``(keys, values)`` with None for tombstones."""
     if not isinstance(payload, bytes):

@@ -64,6 +64,8 @@ from .format import (
     encode_records,
     encode_section,
     encode_sst_file_ref,
+    encoded_records_size,
+    encoded_section_size,
     file_hasher,
 )
 from .manifest import Manifest, SectionRef, TaskReport
@@ -251,27 +253,30 @@ class CheckpointWriter:
                 if keys:
                     current[name] = dict(zip(keys, tables[name].get_raw_many(keys)))
 
-        def delta_section(g: int) -> bytes | None:
-            """The DELTA section of ``g``, or None when ``g`` gets a snapshot (compaction or no chain)."""
-            if full or previous is None or not previous.chain(g):
-                return None
+        def gets_delta(g: int) -> bool:
+            """Whether ``g`` gets a DELTA section (else a snapshot: compaction, or no chain yet)."""
+            chain = previous.chain(g) if previous is not None else ()
+            if full or not chain or len(chain) >= self.max_chain:
+                return False
+            size = encoded_section_size(
+                (name, encoded_records_size(keys, map(current[name].__getitem__, keys)))
+                for name in names if (keys := changed[g].get(name))
+            )
+            return sum(r.bytes for r in chain[1:]) + size <= self.max_delta_ratio * chain[0].bytes
+
+        def delta_section(g: int) -> bytes:
             blocks = []
             for name in names:
                 keys = changed[g].get(name)
                 if keys:
                     values = current[name]
                     blocks.append(Block(name, RECORDS, encode_records(keys, [values[k] for k in keys])))
-            delta = encode_section(g, DELTA, blocks)
-            chain = previous.chain(g)
-            delta_bytes = sum(r.bytes for r in chain[1:]) + len(delta)
-            if len(chain) < self.max_chain and delta_bytes <= self.max_delta_ratio * chain[0].bytes:
-                return delta
-            return None
+            return encode_section(g, DELTA, blocks)
 
         # Which key groups get a snapshot. A key group whose snapshot is in an SST file shared with other
         # key groups takes them along (those this task owns): a file wanted only in part would make
-        # restores load it entry by entry. (Delta sections are encoded again when written: memory.)
-        snapshots = set(groups) if full else {g for g in groups if delta_section(g) is None}
+        # restores load it entry by entry.
+        snapshots = set(groups) if full else {g for g in groups if not gets_delta(g)}
         if previous is not None and snapshots:
 
             def base_files(h: int) -> tuple[str, ...]:
@@ -302,9 +307,7 @@ class CheckpointWriter:
                 while i < len(groups):
                     g = groups[i]
                     if g not in snapshots:
-                        delta = delta_section(g)
-                        assert delta is not None
-                        entry = out.add_section(g, DELTA, delta)
+                        entry = out.add_section(g, DELTA, delta_section(g))
                         refs.append(SectionRef(g, DELTA, path, entry.offset, entry.length, entry.checksum))
                         records += sum(len(changed[g].get(n, ())) for n in names)
                         i += 1

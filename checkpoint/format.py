@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import IO, Any, Callable, Iterable, Sequence
 
+import numpy as np
 import xxhash
 
 from .errors import CheckpointCorruptError
@@ -132,9 +133,11 @@ def encoded_section_size(blocks: Iterable[tuple[str, int]]) -> int:
 
 
 def decode_records(payload: bytes | memoryview, *, file: str = "?", key_group: int | None = None) -> tuple[list[bytes], list[bytes | None]]:
-    """Inverse of :func:`encode_records`: ``(keys, values)`` with None for tombstones."""
-    if not isinstance(payload, bytes):
-        payload = bytes(payload)
+    """Inverse of :func:`encode_records`: ``(keys, values)`` with None for tombstones.
+
+    Keys (values) of one length, the usual case (one-column long keys, fixed-size
+    values), are cut by numpy in one call instead of one slice each.
+    """
     try:
         n = _U32.unpack_from(payload, 0)[0]
         lengths = struct.unpack_from(f"<{2 * n}I", payload, 4)
@@ -142,33 +145,68 @@ def decode_records(payload: bytes | memoryview, *, file: str = "?", key_group: i
         raise CheckpointCorruptError(
             f"corrupt records block in {file!r} (key group {key_group}): {exc}", file=file, key_group=key_group
         ) from exc
+    size = len(payload)
+
+    def corrupt(end: int) -> CheckpointCorruptError:
+        return CheckpointCorruptError(
+            f"corrupt records block in {file!r} (key group {key_group}): lengths add up to {end} bytes, "
+            f"the block has {size}",
+            file=file,
+            key_group=key_group,
+        )
+
+    data: Any = payload
+
+    def sliceable() -> bytes:
+        nonlocal data
+        if not isinstance(data, bytes):
+            data = bytes(data)
+        return data
+
     key_lengths = lengths[:n]
     value_lengths = lengths[n:]
-    start = 4 + 8 * n
-    key_ends = list(accumulate(key_lengths, initial=start))
-    keys = [payload[a:b] for a, b in zip(key_ends, key_ends[1:])]
-    pos = key_ends[-1]
-    values: list[bytes | None] = []
-    append = values.append
+    pos = 4 + 8 * n
+    keys: list[bytes]
+    if n and key_lengths.count(key_lengths[0]) == n:
+        keys, pos = _fixed_width(payload, pos, n, key_lengths[0], size, corrupt)
+    else:
+        key_ends = list(accumulate(key_lengths, initial=pos))
+        buf = sliceable()
+        keys = [buf[a:b] for a, b in zip(key_ends, key_ends[1:])]
+        pos = key_ends[-1]
+    values: list[bytes | None]
     if TOMBSTONE_LENGTH in value_lengths:
+        buf = sliceable()
+        values = []
+        append = values.append
         for length in value_lengths:
             if length == TOMBSTONE_LENGTH:
                 append(None)
             else:
-                append(payload[pos : pos + length])
+                append(buf[pos : pos + length])
                 pos += length
+    elif n and value_lengths.count(value_lengths[0]) == n:
+        values, pos = _fixed_width(payload, pos, n, value_lengths[0], size, corrupt)  # type: ignore[assignment]
     else:
         value_ends = list(accumulate(value_lengths, initial=pos))
-        values = [payload[a:b] for a, b in zip(value_ends, value_ends[1:])]
+        buf = sliceable()
+        values = [buf[a:b] for a, b in zip(value_ends, value_ends[1:])]
         pos = value_ends[-1]
-    if pos != len(payload):
-        raise CheckpointCorruptError(
-            f"corrupt records block in {file!r} (key group {key_group}): lengths add up to {pos} bytes, "
-            f"the block has {len(payload)}",
-            file=file,
-            key_group=key_group,
-        )
+    if pos != size:
+        raise corrupt(pos)
     return keys, values
+
+
+def _fixed_width(
+    payload: bytes | memoryview, pos: int, n: int, width: int, size: int, corrupt: Callable[[int], Exception]
+) -> tuple[list[bytes], int]:
+    """``n`` byte strings of ``width`` bytes each at ``pos``, and the position after them."""
+    end = pos + n * width
+    if end > size:
+        raise corrupt(end)
+    if width == 0:
+        return [b""] * n, end
+    return np.frombuffer(payload, dtype=f"V{width}", count=n, offset=pos).tolist(), end
 
 
 # ---------------------------------------------------------------- SST file references

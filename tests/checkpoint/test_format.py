@@ -34,6 +34,22 @@ def test_records_round_trip_keeps_values_and_tombstones(pairs):
     assert decode_records(encode_records(keys, values)) == (keys, values)
 
 
+@hsettings(max_examples=50)
+@given(st.integers(0, 12), st.integers(0, 40), st.integers(0, 30), st.booleans())
+def test_records_of_one_length_round_trip_from_bytes_and_views(key_width, value_width, n, tombstones):
+    # one key (value) length takes the numpy path: trailing zero bytes must survive, views must work
+    keys = [bytes([i % 3, 0] * key_width)[:key_width] for i in range(n)]
+    values = [None if tombstones and i % 4 == 1 else bytes([7, 0] * value_width)[:value_width] for i in range(n)]
+    payload = encode_records(keys, values)
+    for data in (payload, memoryview(b"??" + payload)[2:]):
+        decoded = decode_records(data)
+        assert decoded == (keys, values)
+        assert all(type(k) is bytes for k in decoded[0])
+    if n:
+        with pytest.raises(CheckpointCorruptError):
+            decode_records(payload[:-1] if value_width or key_width else payload + b"x")
+
+
 def test_section_round_trip_keeps_every_table_block():
     blocks = [Block("state", RECORDS, encode_records([b"\x00\x05a"], [b"1"])),
               Block("timers", RECORDS, encode_records([b"\x00\x05b"], [None]))]

@@ -702,9 +702,11 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
                     hits = "/".join(f"{m['cache_hit_ratio']:.2f}" for m in bm)
                     ckpt = "/".join(f"{m['checkpoint_seconds']:.2f}" for m in bm)
                     commits = "/".join(f"{m['commit_seconds']:.2f}" for m in bm)
+                    tasks = "/".join(f"{m.get('task_seconds_max', 0):.2f}" for m in bm)
+                    sinks = "/".join(f"{m.get('sink_seconds', 0):.2f}" for m in bm)
                     print(f"run_stream [{card}] ({v}): cache hit ratio per batch {hits}, cold-cache instances "
                           f"per batch after the first {r.get('cold_instances')} of {args.parallelism}, "
-                          f"checkpoint s (slowest task) {ckpt}, commit s {commits}")
+                          f"slowest task s {tasks} (checkpoint {ckpt}), sink s {sinks}, commit s {commits}")
         print(f"correctness: {'ALL OK' if all_ok else 'MISMATCH (see above)'}")
 
         for card in cards:

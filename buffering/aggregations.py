@@ -765,7 +765,9 @@ class HllPartial:
         return self.sketch.serialize_compact()
 
     def __reduce__(self):
-        return (HllPartial.from_bytes, (self.to_bytes(),))
+        # A module-level function, not the bound classmethod: pickling that costs
+        # two more global lookups (getattr, the class): 15 us instead of 5 per sketch.
+        return (_hll_partial, (self.sketch.serialize_compact(),))
 
     @property
     def lg_k(self) -> int:
@@ -779,6 +781,11 @@ class HllPartial:
 
     def __repr__(self) -> str:
         return f"HllPartial(lg_k={self.lg_k}, estimate={self.estimate():.1f})"
+
+
+def _hll_partial(data: bytes) -> HllPartial:
+    """Unpickle an :class:`HllPartial`."""
+    return HllPartial(_datasketches().hll_sketch.deserialize(bytes(data)))
 
 
 _EMPTY_STRING = math.nan  # what the sketch sees for "" (it ignores empty strings)
@@ -904,11 +911,16 @@ class ApproxDistinct(Aggregation):
         return out
 
     def merge(self, a: HllPartial, b: HllPartial) -> HllPartial:
-        if b.is_empty():
+        if b.sketch.is_empty():
             return a
-        if a.is_empty():
+        if a.sketch.is_empty():
             return b
-        return self.merge_many((a, b))
+        # A new union per merge: as fast as resetting a kept one (measured), and a kept one
+        # outlives nanobind at interpreter exit, which then reports it as leaked.
+        union = self._ds.hll_union(self.lg_k)
+        union.update(a.sketch)
+        union.update(b.sketch)
+        return HllPartial(union.get_result(self._tgt))
 
     def merge_many(self, partials: Iterable[HllPartial]) -> HllPartial:
         union = self._ds.hll_union(self.lg_k)
@@ -1005,6 +1017,11 @@ class Aggregations(Mapping[str, Aggregation]):
     # merging
     def merge(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> Accumulator:
         """Merge two accumulators (``a`` earlier); an output missing from one counts as empty."""
+        if len(a) == len(b) == len(self._aggs):
+            try:  # the common case: both complete
+                return {name: agg.merge(a[name], b[name]) for name, agg in self._aggs.items()}
+            except KeyError:
+                pass  # an output of neither, or a stray name: the general path
         out = {}
         for name, agg in self._aggs.items():
             if name not in a:
@@ -1095,6 +1112,9 @@ class Aggregations(Mapping[str, Aggregation]):
         """
         key_names = list(key_names)
         keys = list(accumulators if keys is None else keys)
+        if len(key_names) == 1 and key_columns is denormalize_key and all(type(k) is not tuple for k in keys):
+            # one key column of plain scalars (the common case): no per-key tuples
+            return self._results_frame_flat(accumulators, key_names[0], keys)
         key_rows = [key_columns(k) for k in keys]
         for k, row in zip(keys, key_rows):
             if len(row) != len(key_names):
@@ -1113,6 +1133,25 @@ class Aggregations(Mapping[str, Aggregation]):
                 dtype=object,
             )
         return pd.DataFrame(data, columns=[*key_names, *self._aggs])
+
+    def _results_frame_flat(
+        self, accumulators: Mapping[Hashable, Mapping[str, Any]], key_name: str, keys: list[Hashable]
+    ) -> pd.DataFrame:
+        if key_name in self._aggs:
+            raise ValueError(f"output {key_name!r} is also a key column")
+        accs = [accumulators[k] for k in keys]
+        data: dict[str, Any] = {key_name: keys}
+        for name, agg in self._aggs.items():
+            result = agg.result
+            try:
+                values = [result(acc[name]) for acc in accs]
+            except KeyError:
+                empty = agg.empty()
+                values = [result(acc[name] if name in acc else empty) for acc in accs]
+            column = np.empty(len(values), dtype=object)
+            column[:] = values
+            data[name] = column
+        return pd.DataFrame(data, columns=[key_name, *self._aggs])
 
     def output_types(self, input_types: Mapping[str, Any] | None = None) -> dict[str, str]:
         """Arrow type name of each output, given the input columns' types (e.g. ``df.dtypes``)."""

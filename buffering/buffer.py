@@ -156,6 +156,17 @@ class MiniBatchBuffer:
             return
         keys = self._keys
         partials = self._partials
+        if not keys and len(nkeys) == len(accumulators) == len(rows):
+            order = dict(zip(nkeys, range(len(nkeys))))
+            if len(order) == len(nkeys):  # an empty buffer and distinct keys (as a SQL combine gives): in bulk
+                self._keys = order
+                self._arrival = dict.fromkeys(nkeys, arrival_ms)
+                self._key_rows = dict(zip(nkeys, rows))
+                self._key_bytes = dict.fromkeys(nkeys, 0.0)
+                self._partials = dict(zip(nkeys, accumulators))
+                self.rows += sum(rows)
+                self.oldest_ms = arrival_ms
+                return
         merge = aggs.merge
         for nkey, accumulator, n in zip(nkeys, accumulators, rows):
             if nkey not in keys:

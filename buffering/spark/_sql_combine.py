@@ -26,7 +26,7 @@ from typing import Any, Optional
 
 import pandas as pd
 
-from ..aggregations import ApproxDistinct, Aggregations, Count, HllPartial, Max, Mean, Min, Sum
+from ..aggregations import ApproxDistinct, Aggregations, Count, HllPartial, Max, Mean, Min, Sum, _datasketches
 
 _INTEGRAL = ("byte", "short", "integer", "long")
 
@@ -115,8 +115,10 @@ def accumulators(frame: pd.DataFrame, partials: list[SqlPartial]) -> list[dict[s
             values, counts = frame[p.columns[0]].tolist(), frame[p.columns[1]].tolist()
             columns[p.name] = [v if n else None for v, n in zip(values, counts)]
         elif p.kind == "hll":
-            from_bytes = HllPartial.from_bytes
-            columns[p.name] = [from_bytes(b) for b in frame[p.columns[0]].tolist()]
+            deserialize = _datasketches().hll_sketch.deserialize
+            columns[p.name] = [
+                HllPartial(deserialize(b if type(b) is bytes else bytes(b))) for b in frame[p.columns[0]].tolist()
+            ]
     names = [p.name for p in partials]
     return [dict(zip(names, values)) for values in zip(*(columns[n] for n in names))]
 

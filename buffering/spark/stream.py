@@ -73,6 +73,11 @@ class BatchMetrics:
     checkpoint_bytes: int = 0
     #: Slowest task's checkpoint write (tasks write in parallel).
     checkpoint_seconds: float = 0.0
+    #: Operator tasks' own time (restore, processing, checkpoint): the slowest one and the sum.
+    task_seconds_max: float = 0.0
+    task_seconds_sum: float = 0.0
+    #: Handing the output to the sink (a second Spark job over the persisted output).
+    sink_seconds: float = 0.0
     commit_seconds: float = 0.0
     dropped_late_rows: int = 0
     watermark_ms: int = NO_TIMESTAMP
@@ -299,7 +304,9 @@ class StreamRunner:
             seen = sorted(i["instance"] for i in instances)
             if seen != list(range(self.parallelism)):
                 raise RuntimeError(f"batch {version}: expected one report from each of instances 0..{self.parallelism - 1}, got {seen}")
+            sink_started = time.perf_counter()
             self.sink(out.where(F.col(REPORT_COLUMN).isNull()).drop(REPORT_COLUMN), version)
+            sink_seconds = time.perf_counter() - sink_started
             for s in summaries:
                 max_event = max(max_event, int(s["max_event_time_ms"]))
             commit_started = time.perf_counter()
@@ -330,10 +337,11 @@ class StreamRunner:
         finally:
             out.unpersist()
         metrics = self._metrics(version, summaries, time.perf_counter() - started, commit_seconds, committed, context)
+        metrics.sink_seconds = sink_seconds
         self.batches.append(metrics)
         logger.info(
             "batch %d: %d rows in, %d out, %.2fs (%.0f rows/s), cache hit ratio %.3f, %d evictions, %d syncs, "
-            "%d flushes, checkpoint %d bytes in %.3fs",
+            "%d flushes, checkpoint %d bytes in %.3fs, slowest task %.2fs, sink %.2fs",
             version,
             metrics.rows_in,
             metrics.rows_out,
@@ -345,6 +353,8 @@ class StreamRunner:
             metrics.flushes,
             metrics.checkpoint_bytes,
             metrics.checkpoint_seconds,
+            metrics.task_seconds_max,
+            metrics.sink_seconds,
         )
         if self.on_batch is not None:
             self.on_batch(metrics)
@@ -363,6 +373,8 @@ class StreamRunner:
         m.tasks = len(summaries)
         for s in summaries:
             m.dropped_late_rows += int(s["dropped_late_rows"])
+            m.task_seconds_max = max(m.task_seconds_max, float(s["seconds"]))
+            m.task_seconds_sum += float(s["seconds"])
             for i in s["instances"]:
                 c = i["metrics"]
                 m.rows_in += int(c["rows_in"])

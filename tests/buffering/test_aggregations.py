@@ -525,6 +525,29 @@ def test_hll_partial_pickles_as_the_compact_sketch_and_stays_mergeable():
     )
 
 
+def test_hll_partial_pickle_names_one_module_level_function():
+    # A bound classmethod would pickle `getattr` and the class too: three import lookups per sketch.
+    p = ApproxDistinct("x").partial(pd.DataFrame({"x": [1, 2, 3]}))
+    data = pickle.dumps(p, protocol=5)
+    assert b"getattr" not in data and b"HllPartial" not in data
+
+
+def test_approx_distinct_merges_in_a_row_do_not_share_state():
+    agg = ApproxDistinct("x", lg_k=12)
+    a, b, c, d = (agg.partial(pd.DataFrame({"x": np.arange(lo, lo + 1000)})) for lo in (0, 1000, 5000, 6000))
+    ab = agg.merge(a, b)
+    cd = agg.merge(c, d)  # ab must not change
+    assert agg.result(ab) == pytest.approx(2000, rel=0.05)
+    assert agg.result(cd) == pytest.approx(2000, rel=0.05)
+    assert agg.result(agg.merge(ab, cd)) == pytest.approx(4000, rel=0.05)
+
+
+def test_approx_distinct_merge_with_an_empty_partial_returns_the_other():
+    agg = ApproxDistinct("x")
+    p = agg.partial(pd.DataFrame({"x": [1, 2]}))
+    assert agg.merge(p, agg.empty()) is p and agg.merge(agg.empty(), p) is p
+
+
 # ------------------------------------------------------------------ bad input
 
 
@@ -624,6 +647,21 @@ def test_results_frame_has_the_key_columns_then_one_column_per_output():
     out = aggs.results_frame(accumulators, ["a", "b"])
     assert list(out.columns) == ["a", "b", "n", "total"]
     assert out.values.tolist() == [[1, "x", 2, 3], [2, "y", 1, 3]]
+
+
+def test_results_frame_of_one_scalar_key_column_equals_the_general_path():
+    aggs = Aggregations({"n": Count(), "hi": Max("v")})
+    accumulators = {7: {"n": 2, "hi": 5}, "k": {"n": 1}}  # "k" lacks an output: it counts as empty
+    flat = aggs.results_frame(accumulators, ["key"])
+    general = aggs.results_frame(accumulators, ["key"], key_columns=lambda k: (k,))
+    pd.testing.assert_frame_equal(flat, general)
+    assert flat.values.tolist() == [[7, 2, 5], ["k", 1, None]]
+
+
+def test_results_frame_rejects_an_output_named_like_the_key_column():
+    aggs = Aggregations({"key": Count()})
+    with pytest.raises(ValueError, match="'key'"):
+        aggs.results_frame({1: {"key": 1}}, ["key"])
 
 
 def test_aggregations_merge_treats_a_missing_output_as_empty():

@@ -406,3 +406,32 @@ def test_buffer_rejects_null_keys():
     buffer = MiniBatchBuffer(["k"], MiniBatchConfig(max_rows=10))
     with pytest.raises(ValueError, match="null"):
         buffer.add(pd.DataFrame({"k": [1.0, None], "v": [1, 2]}), arrival_ms=0)
+
+
+# ------------------------------------------------------------------ accumulators combined upstream
+
+
+def _accumulator_buffer(max_rows=None) -> MiniBatchBuffer:
+    return MiniBatchBuffer(["k"], MiniBatchConfig(max_rows=max_rows, combine={"n": Count(), "s": Sum("v")}))
+
+
+def test_add_accumulators_of_distinct_keys_keeps_each_key_and_its_row_count():
+    buffer = _accumulator_buffer(max_rows=10)
+    buffer.add_accumulators([1, 2], [{"n": 3, "s": 6}, {"n": 4, "s": 1}], [3, 4], arrival_ms=5)
+    assert buffer.rows == 7 and buffer.oldest_ms == 5 and len(buffer) == 2
+    assert not buffer.should_flush(5)
+    assert buffer.drain_accumulators() == ([1, 2], [{"n": 3, "s": 6}, {"n": 4, "s": 1}])
+
+
+def test_add_accumulators_merges_a_repeated_key_in_arrival_order():
+    buffer = _accumulator_buffer()
+    buffer.add_accumulators([1, 2, 1], [{"n": 1, "s": 1}, {"n": 1, "s": 2}, {"n": 2, "s": 3}], [1, 1, 2], arrival_ms=0)
+    buffer.add_accumulators([2], [{"n": 5, "s": 5}], [5], arrival_ms=1)
+    assert buffer.rows == 9
+    assert buffer.drain_accumulators() == ([1, 2], [{"n": 3, "s": 4}, {"n": 6, "s": 7}])
+
+
+def test_add_accumulators_counts_input_rows_for_the_count_trigger():
+    buffer = _accumulator_buffer(max_rows=10)
+    buffer.add_accumulators([1, 2], [{"n": 6, "s": 0}, {"n": 4, "s": 0}], [6, 4], arrival_ms=0)
+    assert buffer.should_flush(0)

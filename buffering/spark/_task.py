@@ -36,6 +36,7 @@ from ..decorators import OperatorSpec
 from ..operator import OperatorInstance
 from ._sql_combine import SqlPartial
 from ._sql_combine import accumulators as sql_accumulators
+from .sinks import write_task_part
 
 #: Output column that carries each task's report (JSON); null on data rows.
 REPORT_COLUMN = "__opbuffer_report"
@@ -71,6 +72,11 @@ class TaskPlan:
     #: Working RocksDB directories go under this directory (default: the temp dir).
     workdir: Optional[str] = None
     query_id: str = ""
+    #: A ParquetSink's local directory: tasks write their output rows there (``batch_id=N/part-T``)
+    #: and yield only their report row. None: output rows are yielded to Spark.
+    sink_dir: Optional[str] = None
+    #: The Arrow schema of the output rows (with sink_dir).
+    sink_schema: Any = None
 
 
 @dataclass(frozen=True)
@@ -335,6 +341,7 @@ def _run_task(
     before: dict[int, dict[str, float]] = {}
     max_event = NO_TIMESTAMP
     dropped = 0
+    collected: Optional[list[pd.DataFrame]] = [] if plan.sink_dir is not None else None
 
     def get(index: int) -> OperatorInstance:
         instance = instances.get(index)
@@ -370,14 +377,20 @@ def _run_task(
                 out = instance.process(part, now, watermark)
             result = _frame(plan, out)
             if result is not None:
-                yield result
+                if collected is None:
+                    yield result
+                else:
+                    collected.append(result)
     previous = _manifest(plan, storage, context.previous_version) if context.previous_version is not None else None
     reports = []
     for index in sorted(instances):
         instance = instances[index]
         result = _frame(plan, instance.end_of_batch(now, watermark))
         if result is not None:
-            yield result
+            if collected is None:
+                yield result
+            else:
+                collected.append(result)
         checkpoint_started = time.perf_counter()
         report = instance.checkpoint(context.version, previous)
         checkpoint_seconds = time.perf_counter() - checkpoint_started
@@ -397,8 +410,18 @@ def _run_task(
         assert instance.workdir is not None
         _release(state_dir(plan, index), context.version, token, os.path.basename(instance.workdir))
         _LIVE[(plan.location, plan.query_id, index, plan.parallelism)].token = token
+    sink_rows = None
+    if collected is not None:
+        # Written before the report row is yielded: a report means the task's output is in place.
+        assert plan.sink_dir is not None
+        rows = pd.concat(collected, ignore_index=True).drop(columns=[REPORT_COLUMN]) if collected else (
+            pd.DataFrame({name: pd.Series([], dtype=object) for name in plan.output_columns})
+        )
+        directory = os.path.join(plan.sink_dir, f"batch_id={context.version}")
+        sink_rows = write_task_part(directory, partition_id, rows, plan.sink_schema)
     summary = {
         "partition": partition_id,
+        "sink_rows": sink_rows,
         "instances": reports,
         "max_event_time_ms": max_event,
         "dropped_late_rows": dropped,

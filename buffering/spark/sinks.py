@@ -9,9 +9,14 @@ exactly-once end to end.
 from __future__ import annotations
 
 import os
+import shutil
+import uuid
 from typing import Any, Callable, Optional, Union
 
 Sink = Callable[[Any, int], None]
+
+#: Marker Spark's own writer also leaves in a finished output directory.
+SUCCESS_FILE = "_SUCCESS"
 
 
 class ParquetSink:
@@ -19,15 +24,56 @@ class ParquetSink:
 
     Read the result back with ``spark.read.parquet(path)`` (``batch_id`` is a
     partition column) or :meth:`read`.
+
+    On a local path (no URI scheme, or ``file:``) the operator tasks write
+    their output themselves, one ``part-{task}.parquet`` each (pyarrow, an
+    atomic rename), so a batch costs one Spark job instead of two (persist
+    the output, then write it): see :meth:`local_dir`. Other paths go through
+    ``DataFrame.write``.
     """
 
-    def __init__(self, path: Union[str, "os.PathLike[str]"]) -> None:
+    def __init__(self, path: Union[str, "os.PathLike[str]"], *, task_side: bool = True) -> None:
         self.path = os.fspath(path)
         if not self.path:
             raise ValueError("ParquetSink needs a directory path, got an empty string")
+        self.task_side = bool(task_side)
 
     def __call__(self, df: Any, batch_id: int) -> None:
         df.write.mode("overwrite").parquet(f"{self.path.rstrip('/')}/batch_id={int(batch_id)}")
+
+    # ------------------------------------------------------------ written by the tasks
+    def local_dir(self) -> Optional[str]:
+        """The local directory the tasks write to, or None when Spark must write (remote path, or disabled)."""
+        if not self.task_side:
+            return None
+        path = self.path
+        if path.startswith("file://"):
+            path = path[len("file://"):]
+        elif path.startswith("file:"):
+            path = path[len("file:"):]
+        elif "://" in path:
+            return None
+        return os.path.abspath(path)
+
+    def batch_dir(self, batch_id: int) -> str:
+        local = self.local_dir()
+        if local is None:
+            raise ValueError(f"{self!r} is not written by the tasks")
+        return os.path.join(local, f"batch_id={int(batch_id)}")
+
+    def prepare(self, batch_id: int) -> None:
+        """Driver, before the batch runs: drop what an earlier run of this batch id wrote."""
+        shutil.rmtree(self.batch_dir(batch_id), ignore_errors=True)
+
+    def finish(self, batch_id: int) -> None:
+        """Driver, after every task wrote its part: mark the batch complete, drop failed attempts' leftovers."""
+        directory = self.batch_dir(batch_id)
+        os.makedirs(directory, exist_ok=True)
+        for name in os.listdir(directory):
+            if name.startswith(".part-"):
+                os.remove(os.path.join(directory, name))
+        with open(os.path.join(directory, SUCCESS_FILE), "wb"):
+            pass
 
     def read(self, spark: Any) -> Any:
         """Everything written so far, with a ``batch_id`` column."""
@@ -35,6 +81,24 @@ class ParquetSink:
 
     def __repr__(self) -> str:
         return f"ParquetSink({self.path!r})"
+
+
+def write_task_part(directory: str, task: int, frame: Any, schema: Any) -> int:
+    """Worker: write one task's output rows (a pandas frame) as ``part-{task}.parquet``; returns the rows.
+
+    Written under a hidden temporary name and renamed, so a reader sees the
+    whole file or none; a retried or speculative attempt of the task writes
+    the same rows to the same name.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    os.makedirs(directory, exist_ok=True)
+    table = pa.Table.from_pandas(frame, schema=schema, preserve_index=False)
+    tmp = os.path.join(directory, f".part-{task:05d}-{uuid.uuid4().hex}.parquet")
+    pq.write_table(table, tmp)
+    os.replace(tmp, os.path.join(directory, f"part-{task:05d}.parquet"))
+    return table.num_rows
 
 
 class DeltaSink:

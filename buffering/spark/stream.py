@@ -20,6 +20,7 @@ starts from the version before N and recomputes the same state and output.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -47,7 +48,7 @@ from ._task import (
     BatchContext,
     TaskPlan,
 )
-from .sinks import Sink, sink_of
+from .sinks import ParquetSink, Sink, sink_of
 
 logger = logging.getLogger("buffering.spark")
 
@@ -198,6 +199,15 @@ class StreamRunner:
             query_id=xxhash.xxh64_hexdigest(json.dumps([location, self.key_columns, parallelism]).encode()),
         )
         self._internal_schema = self._with_report(nullable(self.output_schema))
+        # A ParquetSink on a local path is written by the tasks themselves: one Spark job per batch.
+        self._task_sink: Optional[ParquetSink] = None
+        if isinstance(self.sink, ParquetSink) and self.sink.local_dir() is not None:
+            from pyspark.sql.pandas.types import to_arrow_schema
+
+            self._task_sink = self.sink
+            self.plan = dataclasses.replace(
+                self.plan, sink_dir=self.sink.local_dir(), sink_schema=to_arrow_schema(nullable(self.output_schema))
+            )
         self._combined_schema = self._combined(input_schema) if self.combine_before_shuffle else None
 
     # ------------------------------------------------------------ set-up
@@ -297,7 +307,12 @@ class StreamRunner:
         version = int(batch_id)
         context, max_event = self.context(version)
         already_committed = self.storage.has_version(version)
-        out = self.plan_batch(batch_df, context).persist(StorageLevel.MEMORY_AND_DISK)
+        task_sink = self._task_sink
+        if task_sink is not None:
+            task_sink.prepare(version)  # a re-run of this batch id replaces what the earlier run wrote
+            out = self.plan_batch(batch_df, context)  # the tasks write the rows and yield only reports
+        else:
+            out = self.plan_batch(batch_df, context).persist(StorageLevel.MEMORY_AND_DISK)
         try:
             summaries = [json.loads(r[0]) for r in out.where(F.col(REPORT_COLUMN).isNotNull()).select(REPORT_COLUMN).collect()]
             instances = [i for s in summaries for i in s["instances"]]
@@ -305,7 +320,10 @@ class StreamRunner:
             if seen != list(range(self.parallelism)):
                 raise RuntimeError(f"batch {version}: expected one report from each of instances 0..{self.parallelism - 1}, got {seen}")
             sink_started = time.perf_counter()
-            self.sink(out.where(F.col(REPORT_COLUMN).isNull()).drop(REPORT_COLUMN), version)
+            if task_sink is not None:
+                task_sink.finish(version)
+            else:
+                self.sink(out.where(F.col(REPORT_COLUMN).isNull()).drop(REPORT_COLUMN), version)
             sink_seconds = time.perf_counter() - sink_started
             for s in summaries:
                 max_event = max(max_event, int(s["max_event_time_ms"]))
@@ -335,7 +353,8 @@ class StreamRunner:
                 logger.info("batch %d was already committed; kept its manifest", version)
             commit_seconds = time.perf_counter() - commit_started
         finally:
-            out.unpersist()
+            if task_sink is None:
+                out.unpersist()
         metrics = self._metrics(version, summaries, time.perf_counter() - started, commit_seconds, committed, context)
         metrics.sink_seconds = sink_seconds
         self.batches.append(metrics)

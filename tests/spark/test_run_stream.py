@@ -208,3 +208,18 @@ def test_processing_time_timeout_fires_for_keys_without_new_rows(spark, tmp_path
     out, _ = _run(spark, source, expiring, str(tmp_path / "ck"), output_schema="tweet long, event string", timeout="processing")
     events = all_rows(out, ["tweet", "event"])
     assert events.values.tolist() == [[1, "seen", 0], [2, "seen", 0], [1, "expired", 1], [2, "seen", 1]]
+
+
+def test_parquet_sink_written_by_the_tasks_equals_the_one_written_by_spark(spark, input_dir, tmp_path):
+    op = buffering.aggregate({"views": Count(), "viewers": ApproxDistinct("user")})
+    frames = {}
+    for task_side in (True, False):
+        sink = ParquetSink(str(tmp_path / f"sink-{task_side}"), task_side=task_side)
+        _, query = _run(spark, input_dir, op, str(tmp_path / f"ck-{task_side}"), output_schema=None, sink=sink)
+        assert all(m.committed for m in query.batch_metrics)
+        written = sink.read(spark)
+        frames[task_side] = (written.schema, written.toPandas().sort_values(["batch_id", "tweet"]).reset_index(drop=True))
+    assert frames[True][0] == frames[False][0]
+    pd.testing.assert_frame_equal(frames[True][1], frames[False][1])
+    batches = sorted(os.listdir(tmp_path / "sink-True"))
+    assert batches and all(os.path.exists(tmp_path / "sink-True" / b / "_SUCCESS") for b in batches)

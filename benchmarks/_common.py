@@ -268,3 +268,31 @@ def temp_dir(prefix: str) -> Iterator[str]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def local_spark_builder(app_name: str, *, master: str, driver_memory: str, parallelism: int) -> Any:
+    """A SparkSession builder for a Spark benchmark: workers run this interpreter and import this repository.
+
+    Loopback only, no UI or console progress, Arrow on, ``parallelism``
+    shuffle partitions. The caller adds its own settings and calls
+    ``getOrCreate()``.
+    """
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    # Workers unpickle functions of this package: make the repository importable there.
+    root = str(Path(__file__).resolve().parent.parent)
+    paths = [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    from pyspark.sql import SparkSession
+
+    return (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.memory", driver_memory)
+        .config("spark.sql.shuffle.partitions", str(parallelism))
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+    )

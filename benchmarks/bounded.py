@@ -52,7 +52,6 @@ import argparse
 import os
 import shutil
 import sys
-from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
@@ -61,10 +60,20 @@ import pandas as pd
 import buffering
 from buffering import Count
 
-from ._common import check_target, log, make_parser, now, print_table, resolve_repeat, resolve_size, temp_dir, write_record
+from ._common import (
+    check_target,
+    local_spark_builder,
+    log,
+    make_parser,
+    now,
+    print_table,
+    resolve_repeat,
+    resolve_size,
+    temp_dir,
+    write_record,
+)
 
 NAME = "bounded"
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 KEYS = 400_000
 QUICK_KEYS = 20_000
@@ -127,25 +136,9 @@ def exact_counts(ids: np.ndarray, keys: int) -> pd.Series:
 
 # ---------------------------------------------------------------- Spark
 def start_spark(args: argparse.Namespace) -> Any:
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    # Workers unpickle functions of this package: make the repository importable there.
-    paths = [str(REPO_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    from pyspark.sql import SparkSession
-
-    spark = (
-        SparkSession.builder.master(args.master)
-        .appName("opbuffer-bounded")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.memory", args.driver_memory)
-        .config("spark.sql.shuffle.partitions", str(args.parallelism))
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .getOrCreate()
-    )
+    spark = local_spark_builder(
+        "opbuffer-bounded", master=args.master, driver_memory=args.driver_memory, parallelism=args.parallelism
+    ).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 

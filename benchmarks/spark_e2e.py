@@ -77,7 +77,7 @@ import pandas as pd
 import buffering
 from buffering import ApproxDistinct, Count
 
-from ._common import check_target, log, now, print_table, write_record
+from ._common import check_target, local_spark_builder, log, now, print_table, write_record
 
 NAME = "spark_e2e"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -174,25 +174,9 @@ def write_files(views: pd.DataFrame, directory: str, batches: int) -> list[int]:
 
 # ---------------------------------------------------------------- Spark
 def start_spark(args: argparse.Namespace) -> Any:
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    # Workers unpickle functions of this package: make the repository importable there.
-    paths = [str(REPO_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    from pyspark.sql import SparkSession
-
-    builder = (
-        SparkSession.builder.master(args.master)
-        .appName("opbuffer-spark-e2e")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.memory", args.driver_memory)
-        .config("spark.sql.shuffle.partitions", str(args.parallelism))
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.sql.streaming.numRecentProgressUpdates", "1000")
-    )
+    builder = local_spark_builder(
+        "opbuffer-spark-e2e", master=args.master, driver_memory=args.driver_memory, parallelism=args.parallelism
+    ).config("spark.sql.streaming.numRecentProgressUpdates", "1000")
     if args.arrow_max_records is not None:
         builder = builder.config("spark.sql.execution.arrow.maxRecordsPerBatch", str(args.arrow_max_records))
     if args.spark_state_store == "rocksdb":

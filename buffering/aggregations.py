@@ -1112,46 +1112,30 @@ class Aggregations(Mapping[str, Aggregation]):
         """
         key_names = list(key_names)
         keys = list(accumulators if keys is None else keys)
-        if len(key_names) == 1 and key_columns is denormalize_key and all(type(k) is not tuple for k in keys):
-            # one key column of plain scalars (the common case): no per-key tuples
-            return self._results_frame_flat(accumulators, key_names[0], keys)
-        key_rows = [key_columns(k) for k in keys]
-        for k, row in zip(keys, key_rows):
-            if len(row) != len(key_names):
-                raise ValueError(f"key {k!r} has {len(row)} columns but key_names is {key_names!r}")
         data: dict[str, Any] = {}
-        for i, name in enumerate(key_names):
-            data[name] = [row[i] for row in key_rows]
+        if len(key_names) == 1 and key_columns is denormalize_key and all(type(k) is not tuple for k in keys):
+            data[key_names[0]] = keys  # one key column of plain scalars (the common case): no per-key tuples
+        else:
+            key_rows = [key_columns(k) for k in keys]
+            for k, row in zip(keys, key_rows):
+                if len(row) != len(key_names):
+                    raise ValueError(f"key {k!r} has {len(row)} columns but key_names is {key_names!r}")
+            for i, name in enumerate(key_names):
+                data[name] = [row[i] for row in key_rows]
+        accs = [accumulators[k] for k in keys]
         for name, agg in self._aggs.items():
             if name in data:
                 raise ValueError(f"output {name!r} is also a key column")
-            data[name] = pd.Series(
-                _object_array(
-                    (agg.result(accumulators[k][name] if name in accumulators[k] else agg.empty()) for k in keys),
-                    len(keys),
-                ),
-                dtype=object,
-            )
-        return pd.DataFrame(data, columns=[*key_names, *self._aggs])
-
-    def _results_frame_flat(
-        self, accumulators: Mapping[Hashable, Mapping[str, Any]], key_name: str, keys: list[Hashable]
-    ) -> pd.DataFrame:
-        if key_name in self._aggs:
-            raise ValueError(f"output {key_name!r} is also a key column")
-        accs = [accumulators[k] for k in keys]
-        data: dict[str, Any] = {key_name: keys}
-        for name, agg in self._aggs.items():
             result = agg.result
             try:
                 values = [result(acc[name]) for acc in accs]
-            except KeyError:
+            except KeyError:  # an accumulator lacks this output: it counts as empty
                 empty = agg.empty()
                 values = [result(acc[name] if name in acc else empty) for acc in accs]
             column = np.empty(len(values), dtype=object)
             column[:] = values
             data[name] = column
-        return pd.DataFrame(data, columns=[key_name, *self._aggs])
+        return pd.DataFrame(data, columns=[*key_names, *self._aggs])
 
     def output_types(self, input_types: Mapping[str, Any] | None = None) -> dict[str, str]:
         """Arrow type name of each output, given the input columns' types (e.g. ``df.dtypes``)."""

@@ -410,7 +410,6 @@ def _run_task(
         assert instance.workdir is not None
         _release(state_dir(plan, index), context.version, token, os.path.basename(instance.workdir))
         _LIVE[(plan.location, plan.query_id, index, plan.parallelism)].token = token
-    sink_rows = None
     if collected is not None:
         # Written before the report row is yielded: a report means the task's output is in place.
         assert plan.sink_dir is not None
@@ -418,10 +417,9 @@ def _run_task(
             pd.DataFrame({name: pd.Series([], dtype=object) for name in plan.output_columns})
         )
         directory = os.path.join(plan.sink_dir, f"batch_id={context.version}")
-        sink_rows = write_task_part(directory, partition_id, rows, plan.sink_schema)
+        write_task_part(directory, partition_id, rows, plan.sink_schema)
     summary = {
         "partition": partition_id,
-        "sink_rows": sink_rows,
         "instances": reports,
         "max_event_time_ms": max_event,
         "dropped_late_rows": dropped,

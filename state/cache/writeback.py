@@ -19,6 +19,14 @@ least recently modified); above the high watermark every access syncs
 ``sync_step`` until dirty is back at the low watermark, and dirty never
 exceeds the high watermark after an operation.
 
+With the built-in LRU policy the cached entries live in an ``lru.LRU``
+(lru-dict, a C hash table with a recency list): a hit is one C call that finds
+the value, moves it to the front and counts the hit, so the hit path costs
+little more than a dict lookup. Other policies keep a dict and order keys
+themselves. A put right after a get of the same key (read-modify-write, what
+operators do) skips the key checks: the get just validated it and made it the
+most recent entry.
+
 The contract: whatever the bounds, policy and watermarks, the cache over a
 store behaves exactly like a dict.
 """
@@ -28,10 +36,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
+from lru import LRU
+
 from ..base import MISSING, Store, StoreClosedError, StoreError
 from ..keys import NormalizedKey, denormalize_key, normalize_key
 from .estimator import MemoryEstimator
-from .policies import CachePolicy, make_policy
+from .policies import CachePolicy, LRUPolicy, make_policy
 
 if TYPE_CHECKING:
     from .manager import CacheManager
@@ -50,6 +60,10 @@ class _NotCached:
 
 _NOT_CACHED: Any = _NotCached()
 _UNBOUNDED = 1 << 62
+
+
+def _ignore(key: Any) -> None:
+    """touch/insert of the native LRU table, which orders its keys itself."""
 
 
 def _check_size(name: str, value: Any) -> None:
@@ -125,8 +139,7 @@ class WriteBackCache(Store):
         self.cache_name = name or f"{type(backend).__name__}:{backend.name}"
         self._backend = backend
         self._policy = make_policy(policy)
-        self._touch = self._policy.touch
-        self._policy_insert = self._policy.insert
+        self._native_lru = type(self._policy) is LRUPolicy
         self._sample_countdown = 1
         self._max_entries = max_entries
         self._max_bytes = max_bytes
@@ -140,17 +153,33 @@ class WriteBackCache(Store):
         self._dumps = backend.serializer.dumps
         self._loads = backend.serializer.loads
 
-        self._data: dict[NormalizedKey, Any] = {}
+        self._data: Any  # dict or lru.LRU: NormalizedKey -> value (MISSING: known absent)
+        if self._native_lru:
+            # The table keeps recency and counts hits itself; the fast paths replace get and put.
+            self._data = LRU(_UNBOUNDED)
+            self._touch = self._policy_insert = _ignore
+            self.get = self._get_lru  # type: ignore[method-assign]
+        else:
+            self._data = {}
+            self._touch = self._policy.touch
+            self._policy_insert = self._policy.insert
         self._data_get = self._data.get
-        # Dirty keys in order of last modification when watermarks sync the oldest first.
-        self._dirty: dict[NormalizedKey, None] = OrderedDict() if self._watermarks else {}
+        # The key of the last get: still cached and most recent until the next eviction.
+        self._last: Any = _NOT_CACHED
+        # Dirty entries (key -> value, the value also cached), in order of last modification when
+        # watermarks sync the oldest first. Holding the values lets flush and sync read them without
+        # touching the table's recency.
+        self._dirty: dict[NormalizedKey, Any] = OrderedDict() if self._watermarks else {}
         self._pending: dict[NormalizedKey, bytes | None] = {}
         self._draining = False
         self._closed = False
         # After a put: watermark check and, with a byte bound, size sampling of updated values.
         self._after_put = self._watermarks or max_bytes is not None or manager is not None
+        self._bind_put()
 
-        self._hits = self._misses = self._loads_found = self._evictions = 0
+        # _hits counts the hits of a dict table; the native LRU table counts its own hits, from
+        # which stats() subtracts the table pops that it counts as hits too (_uncounted).
+        self._hits = self._uncounted = self._misses = self._loads_found = self._evictions = 0
         self._syncs = self._writes = self._write_batches = self._inserts = 0
         self._capacity = _UNBOUNDED
         self._high_n = self._low_n = _UNBOUNDED
@@ -184,6 +213,7 @@ class WriteBackCache(Store):
             self._max_bytes = max_bytes
             if max_bytes is not None:
                 self._after_put = True
+                self._bind_put()
         self._recompute_capacity()
         self._evict_to_fit()
         self._bound_dirty()
@@ -207,6 +237,19 @@ class WriteBackCache(Store):
                 return default if value is MISSING else value
             self._touch(key)
             self._hits += 1
+            if self._draining:
+                self._sync(self._sync_step)
+            return default if value is MISSING else value
+        return self._get_normalized(normalize_key(key), default)
+
+    def _get_lru(self, key: Any, default: Any = None) -> Any:
+        """get() with the native LRU table: the table counts the hit and moves the key to the front."""
+        if type(key) is int or type(key) is str:
+            try:
+                value = self._data[key]
+            except KeyError:
+                value = self._miss(normalize_key(key))  # validates an int's range
+            self._last = key  # the most recent entry now, even after a miss (its insert evicts others)
             if self._draining:
                 self._sync(self._sync_step)
             return default if value is MISSING else value
@@ -291,10 +334,27 @@ class WriteBackCache(Store):
             if key in data:  # validated when it entered
                 self._touch(key)
                 data[key] = value
-                self._dirty[key] = None
+                self._dirty[key] = value
                 if self._after_put:
                     self._after_update(key, value)
                 return
+        self._put_normalized(normalize_key(key), value)
+
+    def _bind_put(self) -> None:
+        """Choose put(): with the native LRU table and nothing to do after a put, the shortest path."""
+        if self._native_lru and not self._after_put:
+            self.put = self._put_lru  # type: ignore[method-assign]
+        else:
+            self.__dict__.pop("put", None)  # the class's put()
+
+    def _put_lru(self, key: Any, value: Any) -> None:
+        """put() with the native LRU table when no bound or watermark needs a look after a put."""
+        # The key of the last get is cached and was validated (an eviction resets _last); setting
+        # a cached key also moves it to the front.
+        if key is self._last or ((type(key) is int or type(key) is str) and key in self._data):
+            self._data[key] = value
+            self._dirty[key] = value
+            return
         self._put_normalized(normalize_key(key), value)
 
     def _put_normalized(self, nkey: NormalizedKey, value: Any) -> None:
@@ -302,13 +362,13 @@ class WriteBackCache(Store):
         if nkey in data:
             self._touch(nkey)
             data[nkey] = value
-            self._dirty[nkey] = None
+            self._dirty[nkey] = value
             if self._after_put:
                 self._after_update(nkey, value)
         else:
             if self._closed:
                 raise StoreClosedError(f"cache {self.cache_name!r} is closed")
-            self._dirty[nkey] = None  # dirty before insert: insert may evict this very key
+            self._dirty[nkey] = value  # dirty before insert: insert may evict this very key
             self._insert(nkey, value)
             if self._watermarks:
                 self._after_dirty(nkey)
@@ -317,16 +377,18 @@ class WriteBackCache(Store):
         nkey = normalize_key(key)
         data = self._data
         if nkey in data:
-            if data[nkey] is MISSING and nkey not in self._dirty:
-                self._touch(nkey)  # known absent and clean: nothing to delete
-                return
-            self._touch(nkey)
+            # Replace rather than read: a read of the LRU table would count as a hit.
+            known_absent = data.pop(nkey) is MISSING
             data[nkey] = MISSING
-            self._dirty[nkey] = None
+            self._uncounted += 1
+            self._touch(nkey)
+            if known_absent and nkey not in self._dirty:
+                return  # known absent and clean: nothing to delete
+            self._dirty[nkey] = MISSING
         else:
             if self._closed:
                 raise StoreClosedError(f"cache {self.cache_name!r} is closed")
-            self._dirty[nkey] = None
+            self._dirty[nkey] = MISSING
             self._insert(nkey, MISSING)
         if self._watermarks:
             self._after_dirty(nkey)
@@ -393,19 +455,27 @@ class WriteBackCache(Store):
     def _evict_to_fit(self) -> None:
         data = self._data
         dirty = self._dirty
+        if len(data) <= self._capacity:
+            return
+        self._last = _NOT_CACHED  # the key of the last get may be a victim
+        native = self._native_lru
         victim_of = self._policy.victim
         while len(data) > self._capacity:
-            victim = victim_of()
-            value = data.pop(victim)
+            if native:
+                victim, value = data.popitem()  # the least recent entry
+            else:
+                victim = victim_of()
+                value = data.pop(victim)
             self._evictions += 1
             if victim in dirty:
                 del dirty[victim]
                 try:
                     self._stage(victim, value)
                 except BaseException:
-                    # Keep what was accepted: the entry returns, dirty, and the error surfaces.
+                    # Keep what was accepted: the entry returns, dirty (as the most recent with the
+                    # native LRU table), and the error surfaces.
                     data[victim] = value
-                    dirty[victim] = None
+                    dirty[victim] = value
                     self._policy_insert(victim)
                     raise
             if len(dirty) > self._low_n:
@@ -414,10 +484,9 @@ class WriteBackCache(Store):
     def _sync(self, count: int) -> None:
         """Write the ``count`` least recently modified dirty entries; they stay cached, clean."""
         dirty = self._dirty
-        data = self._data
         for _ in range(min(count, len(dirty))):
             nkey = next(iter(dirty))
-            self._stage(nkey, data[nkey])
+            self._stage(nkey, dirty[nkey])
             del dirty[nkey]
             self._syncs += 1
         if self._draining and len(dirty) <= self._low_n:
@@ -466,13 +535,12 @@ class WriteBackCache(Store):
         """
         dirty = self._dirty
         if dirty:
-            data = self._data
             if self._buffered:
                 # Serialize everything first: a value that fails leaves every entry dirty.
                 serialize = self._serialize
-                self._pending.update([(nkey, serialize(nkey, data[nkey])) for nkey in dirty])
+                self._pending.update([(nkey, serialize(nkey, value)) for nkey, value in dirty.items()])
             else:
-                self._backend._write([(nkey, data[nkey]) for nkey in dirty])
+                self._backend._write(list(dirty.items()))
                 self._writes += len(dirty)
             dirty.clear()
         self._write_out()
@@ -492,7 +560,7 @@ class WriteBackCache(Store):
 
     def _iter_items(self) -> Iterator[tuple[NormalizedKey, Any]]:
         self._write_out()
-        cached = dict(self._data)
+        cached = dict(self._data.items())
         seen: set[NormalizedKey] = set()
         for nkey, value in self._backend._iter_items():
             if nkey in cached:
@@ -551,11 +619,12 @@ class WriteBackCache(Store):
 
     def stats(self) -> dict[str, Any]:
         """Counters and gauges: hits, misses, hit_ratio, loads, evictions, dirty, entries, syncs, ..."""
-        reads = self._hits + self._misses
+        hits = self._data.get_stats()[0] - self._uncounted if self._native_lru else self._hits
+        reads = hits + self._misses
         return {
-            "hits": self._hits,
+            "hits": hits,
             "misses": self._misses,
-            "hit_ratio": self._hits / reads if reads else 0.0,
+            "hit_ratio": hits / reads if reads else 0.0,
             "loads": self._loads_found,
             "evictions": self._evictions,
             "dirty": len(self._dirty),
@@ -581,6 +650,7 @@ class WriteBackCache(Store):
         if self._manager is not None:
             self._manager.unregister(self)
         self._data.clear()
+        self._last = _NOT_CACHED
         self._backend.close()
 
     def __repr__(self) -> str:

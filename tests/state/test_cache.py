@@ -365,6 +365,61 @@ def test_stats_report_the_documented_counters(backend_kind, make_backend):
     assert stats["dirty"] == cache.dirty_count() == 1
 
 
+@pytest.mark.parametrize("policy", POLICIES)
+def test_hits_count_reads_only_not_deletes_or_flushes(policy):
+    cache = WriteBackCache(MemoryStore(), max_entries=4, policy=policy)
+    cache.put_many([(1, 1), (2, 2)])
+    cache.delete(1)
+    cache.flush()
+    assert cache.stats()["hits"] == 0
+    cache.get(2)
+    cache.get_many([1, 2])
+    assert (1 in cache) is False
+    assert cache.stats()["hits"] == 4
+    assert cache.stats()["misses"] == 0
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_put_after_the_get_of_a_since_evicted_key_enters_as_a_new_entry(policy):
+    backend = MemoryStore()
+    cache = WriteBackCache(backend, max_entries=2, policy=policy)
+    assert cache.get(1) is None
+    cache.put_many([(2, 2), (3, 3)])  # 1 is evicted
+    cache.put(1, 10)
+    assert len(cache) == 2
+    check_bounds(cache, None)
+    cache.flush()
+    assert backend.get(1) == 10 and backend.get(2) == 2 and backend.get(3) == 3
+
+
+def test_a_put_right_after_a_get_of_the_same_key_keeps_it_most_recent():
+    cache = WriteBackCache(MemoryStore(), max_entries=2)
+    cache.put_many([(1, 1), (2, 2)])
+    cache.put(1, cache.get(1) + 1)  # read-modify-write of 1: 2 becomes the least recent
+    cache.put(3, 3)  # evicts 2
+    misses = cache.stats()["misses"]
+    assert cache.get(1) == 2
+    assert cache.stats()["misses"] == misses
+    assert cache.get(2) == 2
+    assert cache.stats()["misses"] == misses + 1
+
+
+def test_flush_does_not_change_the_lru_order():
+    cache = WriteBackCache(MemoryStore(), max_entries=2)
+    cache.put(1, 1)
+    cache.put(2, 2)
+    cache.get(2)
+    cache.put(1, 11)  # 1 most recent, both dirty
+    cache.get(2)  # now 2 most recent
+    cache.flush()
+    cache.put(3, 3)  # evicts 1, the least recently used, whatever flush read
+    misses = cache.stats()["misses"]
+    cache.get(2)
+    assert cache.stats()["misses"] == misses
+    assert cache.get(1) == 11
+    assert cache.stats()["misses"] == misses + 1
+
+
 def _seed_key(x: int) -> int:
     return x % 500 + 500 * ((x // 1000) % 2)
 

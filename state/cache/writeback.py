@@ -33,7 +33,6 @@ store behaves exactly like a dict.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from lru import LRU
@@ -166,10 +165,10 @@ class WriteBackCache(Store):
         self._data_get = self._data.get
         # The key of the last get: still cached and most recent until the next eviction.
         self._last: Any = _NOT_CACHED
-        # Dirty entries (key -> value, the value also cached), in order of last modification when
-        # watermarks sync the oldest first. Holding the values lets flush and sync read them without
-        # touching the table's recency.
-        self._dirty: dict[NormalizedKey, Any] = OrderedDict() if self._watermarks else {}
+        # Dirty entries (key -> value, the value also cached). Holding the values lets flush and sync
+        # read them without touching the table's recency. When watermarks sync the least recently
+        # modified first, an lru.LRU keeps that order: setting an entry moves it to the front, in C.
+        self._dirty: Any = LRU(_UNBOUNDED) if self._watermarks else {}
         self._pending: dict[NormalizedKey, bytes | None] = {}
         self._draining = False
         self._closed = False
@@ -341,11 +340,24 @@ class WriteBackCache(Store):
         self._put_normalized(normalize_key(key), value)
 
     def _bind_put(self) -> None:
-        """Choose put(): with the native LRU table and nothing to do after a put, the shortest path."""
-        if self._native_lru and not self._after_put:
-            self.put = self._put_lru  # type: ignore[method-assign]
+        """Choose put(): with the native LRU table, the path for whether a put needs a look after it."""
+        if self._native_lru:
+            self.put = self._put_lru_checked if self._after_put else self._put_lru  # type: ignore[method-assign]
         else:
             self.__dict__.pop("put", None)  # the class's put()
+
+    def _put_lru_checked(self, key: Any, value: Any) -> None:
+        """put() with the native LRU table under a byte bound or watermarks: _after_update inlined."""
+        if key is self._last or ((type(key) is int or type(key) is str) and key in self._data):
+            self._data[key] = value
+            self._dirty[key] = value
+            self._sample_countdown -= 1
+            if self._sample_countdown <= 0:
+                self._sample(key, value)
+            if self._draining or len(self._dirty) > self._high_n:  # never without watermarks
+                self._bound_dirty()
+            return
+        self._put_normalized(normalize_key(key), value)
 
     def _put_lru(self, key: Any, value: Any) -> None:
         """put() with the native LRU table when no bound or watermark needs a look after a put."""
@@ -410,14 +422,12 @@ class WriteBackCache(Store):
         self._sample_countdown -= 1
         if self._sample_countdown <= 0:
             self._sample(nkey, value)
-        if self._watermarks:
-            self._after_dirty(nkey)
+        if self._draining or len(self._dirty) > self._high_n:  # never without watermarks
+            self._bound_dirty()
 
     def _after_dirty(self, nkey: NormalizedKey) -> None:
-        dirty = self._dirty
-        if nkey in dirty:  # it may have been evicted by its own insert
-            dirty.move_to_end(nkey)  # type: ignore[attr-defined]
-        if self._draining or len(dirty) > self._high_n:
+        """After a key became dirty (with watermarks): keep dirty entries under the high watermark."""
+        if self._draining or len(self._dirty) > self._high_n:
             self._bound_dirty()
 
     def _bound_dirty(self) -> None:
@@ -482,12 +492,18 @@ class WriteBackCache(Store):
                 self._sync(self._sync_step)
 
     def _sync(self, count: int) -> None:
-        """Write the ``count`` least recently modified dirty entries; they stay cached, clean."""
+        """Write the ``count`` least recently modified dirty entries; they stay cached, clean.
+
+        Only watermarks sync, so the dirty entries are an lru.LRU in order of modification.
+        """
         dirty = self._dirty
         for _ in range(min(count, len(dirty))):
-            nkey = next(iter(dirty))
-            self._stage(nkey, dirty[nkey])
-            del dirty[nkey]
+            nkey, value = dirty.popitem()  # the least recently modified
+            try:
+                self._stage(nkey, value)
+            except BaseException:
+                dirty[nkey] = value  # still dirty (now as the most recently modified)
+                raise
             self._syncs += 1
         if self._draining and len(dirty) <= self._low_n:
             self._draining = False

@@ -24,6 +24,7 @@ from state.keys import key_groups_of_longs, normalize_key, normalize_types, spar
 
 from .buffer import factorize_keys
 from .decorators import spec_of
+from .frames import concat_frames
 from .operator import OperatorInstance
 
 Clock = Callable[[], int]
@@ -288,7 +289,7 @@ class LocalRunner:
             )
         self.version = version
         self._max_event_time_ms = max_event_time
-        out = pd.concat(outputs, ignore_index=True) if outputs else pd.DataFrame()
+        out = concat_frames(outputs)
         self.last_batch_stats = {
             "version": version,
             "rows_out": len(out),

@@ -33,6 +33,7 @@ from state.keys import normalize_key
 
 from ..buffer import factorize_keys
 from ..decorators import OperatorSpec
+from ..frames import concat_frames
 from ..operator import OperatorInstance
 from ._sql_combine import SqlPartial
 from ._sql_combine import accumulators as sql_accumulators
@@ -289,7 +290,7 @@ def _frame(plan: TaskPlan, frames: list[pd.DataFrame]) -> Optional[pd.DataFrame]
     frames = [f for f in frames if f is not None and len(f)]
     if not frames:
         return None
-    out = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+    out = frames[0] if len(frames) == 1 else concat_frames(frames)
     missing = [c for c in plan.output_columns if c not in out.columns]
     if missing:
         raise ValueError(

@@ -53,6 +53,7 @@ from state.keys import NormalizedKey, denormalize_key, normalize_key
 
 from ..aggregations import Aggregations, First, Last
 from ..decorators import OperatorSpec, spec_of
+from ..frames import concat_frames
 from ..buffer import _object_column
 from ._plan import _quoted, key_list, key_types_of, operator_index_sql, output_schema_for
 from ._sql_combine import SqlPartial, sql_exprs, sql_partials
@@ -256,29 +257,8 @@ def _frames(result: Any) -> list[pd.DataFrame]:
 
 
 def _output(plan: BoundedPlan, frames: list[pd.DataFrame]) -> pd.DataFrame:
-    """The frames as one frame of exactly the output columns; ValueError naming a missing column.
-
-    Many small frames (one per key) are concatenated column by column, a few
-    times cheaper than ``pd.concat``; anything else (datetimes, extension
-    dtypes, duplicate labels, a missing column) goes the ``pd.concat`` way,
-    which checks every frame first.
-    """
+    """The frames as one frame of exactly the output columns; TypeError/ValueError naming a bad frame."""
     columns = list(plan.output_columns)
-    if len(frames) > 1:
-        arrays: dict[str, list[np.ndarray]] = {c: [] for c in columns}
-        for frame in frames:
-            if not isinstance(frame, pd.DataFrame) or not frame.columns.is_unique:
-                break
-            try:
-                series = [frame[c] for c in columns]
-            except KeyError:
-                break
-            if not all(isinstance(s.dtype, np.dtype) and s.dtype.kind in _PLAIN_KINDS for s in series):
-                break
-            for column, values in zip(columns, series):
-                arrays[column].append(values.to_numpy())
-        else:
-            return pd.DataFrame({c: np.concatenate(parts) for c, parts in arrays.items()}, columns=columns, copy=False)
     for frame in frames:
         if not isinstance(frame, pd.DataFrame):
             raise TypeError(f"fn must yield pandas DataFrames, got {type(frame).__name__}: {frame!r}")
@@ -288,12 +268,8 @@ def _output(plan: BoundedPlan, frames: list[pd.DataFrame]) -> pd.DataFrame:
                 f"run_batch: fn returned a frame without the output column(s) {missing}: it has "
                 f"{list(frame.columns)}, output_schema has {columns}"
             )
-    out = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+    out = frames[0] if len(frames) == 1 else concat_frames(frames)
     return out[columns]
-
-
-#: numpy dtype kinds that concatenate like ``pd.concat`` does (bool, ints, floats, objects).
-_PLAIN_KINDS = frozenset("biufO")
 
 
 # ------------------------------------------------------------------ the driver side

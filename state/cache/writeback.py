@@ -155,7 +155,7 @@ class WriteBackCache(Store):
 
         self._data: Any  # dict or lru.LRU: NormalizedKey -> value (MISSING: known absent)
         if self._native_lru:
-            # The table keeps recency and counts hits itself; _bind_put picks the fast get and put.
+            # The table keeps recency and counts hits itself; _choose_fast_class picks get() and put().
             self._data = LRU(_UNBOUNDED)
             self._touch = self._policy_insert = _ignore
         else:
@@ -175,7 +175,7 @@ class WriteBackCache(Store):
         self._closed = False
         # After a put: watermark check and, with a byte bound, size sampling of updated values.
         self._after_put = self._watermarks or max_bytes is not None or manager is not None
-        self._bind_put()
+        self._choose_fast_class()
 
         # _hits counts the hits of a dict table; the native LRU table counts its own hits, from
         # which stats() subtracts the table pops that it counts as hits too (_uncounted).
@@ -213,7 +213,7 @@ class WriteBackCache(Store):
             self._max_bytes = max_bytes
             if max_bytes is not None:
                 self._after_put = True
-                self._bind_put()
+                self._choose_fast_class()
         self._recompute_capacity()
         self._evict_to_fit()
         self._bound_dirty()
@@ -340,7 +340,7 @@ class WriteBackCache(Store):
                 return
         self._put_normalized(normalize_key(key), value)
 
-    def _bind_put(self) -> None:
+    def _choose_fast_class(self) -> None:
         """With the native LRU table, take the class whose get() and put() fit the bounds.
 
         A class rather than bound methods stored on the instance: those would make a
@@ -351,18 +351,11 @@ class WriteBackCache(Store):
             self.__class__ = _CheckedLRUTableCache if self._after_put else _LRUTableCache
 
     def _put_lru_checked(self, key: Any, value: Any) -> None:
-        """put() with the native LRU table under a byte bound or watermarks: _after_update inlined."""
+        """put() with the native LRU table under a byte bound, a manager or watermarks."""
         if key is self._last or ((type(key) is int or type(key) is str) and key in self._data):
             self._data[key] = value
-            dirty = self._dirty
-            dirty[key] = value
-            if self._watermarks:
-                dirty.move_to_end(key)  # type: ignore[attr-defined]  # the most recently modified
-            self._sample_countdown -= 1
-            if self._sample_countdown <= 0:
-                self._sample(key, value)
-            if self._draining or len(dirty) > self._high_n:  # never without watermarks
-                self._bound_dirty()
+            self._dirty[key] = value
+            self._after_update(key, value)
             return
         self._put_normalized(normalize_key(key), value)
 
@@ -691,7 +684,7 @@ class WriteBackCache(Store):
 
 
 class _LRUTableCache(WriteBackCache):
-    """A WriteBackCache with the native LRU table and nothing to check after a put (see _bind_put)."""
+    """A WriteBackCache with the native LRU table and nothing to check after a put (see _choose_fast_class)."""
 
     get = WriteBackCache._get_lru  # type: ignore[assignment]
     put = WriteBackCache._put_lru  # type: ignore[assignment]

@@ -6,6 +6,16 @@ entries the hit rate is 0 / 50 / 100 %. Each configuration runs in the same
 process, alternating, best of ``--repeat``; the table shows
 WriteBackCache(RocksDBStore) / RocksDBStore and / MemoryStore.
 
+Diagnostic column ``ideal/rocksdb``: the least work any write-back LRU cache of
+that size must do, timed on the same RocksDBStore. The hit/miss/eviction
+schedule of an LRU of that size is computed beforehand (untimed); the timed
+loop then does only what the schedule forces: a plain ``dict`` read on a hit,
+``store.get`` on a miss, and the evicted (dirty) values written with
+``store.put_many`` in batches of ``IDEAL_WRITE_BATCH``. No recency, dirty or
+size bookkeeping is timed, so no real cache can beat it: a target above this
+ceiling cannot be met by any cache over this store. Its final counts are
+checked against the exact ones.
+
     python -m benchmarks.state_cache [--size N] [--repeat R] [--policy lru] [--quick] [--out PATH]
 """
 
@@ -15,6 +25,7 @@ import os
 import shutil
 import sys
 import time
+from collections import Counter
 from typing import Any, Callable
 
 from state import MemoryStore, RocksDBStore, Store, WriteBackCache
@@ -25,6 +36,9 @@ NAME = "state_cache"
 SEED_RATIOS = {250: 0.956, 500: 1.87, 1000: 21.6}
 TARGETS = {250: 1.0, 500: 2.5, 1000: 25.0}
 TARGET_VS_MEMORY = 0.8
+#: Evicted values per put_many of the ideal cache. At most half the smallest cache (250), so an
+#: evicted key, re-read no sooner than cache-size records later, is written before it is read.
+IDEAL_WRITE_BATCH = 125
 
 
 def seed_keys(n: int) -> list[int]:
@@ -44,6 +58,48 @@ def count_per_key(store: Store, keys: list[int]) -> float:
     return len(keys) / (time.perf_counter() - start)
 
 
+def lru_schedule(keys: list[int], capacity: int) -> list[tuple[int, bool, int | None]]:
+    """Per record ``(key, hit, evicted key or None)`` of an LRU cache of ``capacity`` entries (untimed)."""
+    from collections import OrderedDict
+
+    resident: OrderedDict[int, None] = OrderedDict()
+    schedule: list[tuple[int, bool, int | None]] = []
+    for key in keys:
+        if key in resident:
+            resident.move_to_end(key)
+            schedule.append((key, True, None))
+            continue
+        resident[key] = None
+        evicted = resident.popitem(last=False)[0] if len(resident) > capacity else None
+        schedule.append((key, False, evicted))
+    return schedule
+
+
+def ideal_cache(store: RocksDBStore, schedule: list[tuple[int, bool, int | None]]) -> tuple[float, dict[int, int]]:
+    """Run the schedule's forced work only (see the module doc); return records per second and final counts."""
+    get = store.get
+    put_many = store.put_many
+    live: dict[int, int] = {}
+    evicted_values: list[tuple[int, int]] = []
+    add = evicted_values.append
+    start = time.perf_counter()
+    for key, hit, evicted in schedule:
+        if hit:
+            live[key] += 1
+        else:
+            value = get(key)
+            live[key] = 1 if value is None else value + 1
+            if evicted is not None:
+                add((evicted, live.pop(evicted)))
+                if len(evicted_values) >= IDEAL_WRITE_BATCH:
+                    put_many(evicted_values)
+                    evicted_values.clear()
+    rate = len(schedule) / (time.perf_counter() - start)
+    put_many(evicted_values)
+    put_many(live.items())
+    return rate, {key[0]: value for key, value in store.items()}
+
+
 def _fresh_rocksdb(root: str, label: str) -> RocksDBStore:
     path = os.path.join(root, label)
     shutil.rmtree(path, ignore_errors=True)
@@ -53,6 +109,8 @@ def _fresh_rocksdb(root: str, label: str) -> RocksDBStore:
 def measure(size: int, repeat: int, policy: str) -> dict[str, Any]:
     keys = seed_keys(size)
     results: dict[str, list[float]] = {}
+    schedules = {entries: lru_schedule(keys, entries) for entries in (250, 500, 1000)}
+    expected = dict(Counter(keys))
 
     with temp_dir("opbuffer-bench-") as root:
 
@@ -77,6 +135,15 @@ def measure(size: int, repeat: int, policy: str) -> dict[str, Any]:
                         _fresh_rocksdb(root, f"cache{entries}"), max_entries=entries, policy=policy
                     ),
                 )
+            for entries, schedule in schedules.items():
+                store = _fresh_rocksdb(root, f"ideal{entries}")
+                try:
+                    rate, counts = ideal_cache(store, schedule)
+                finally:
+                    store.close()
+                if counts != expected:
+                    raise AssertionError(f"the ideal cache of {entries} entries counted wrong")
+                results.setdefault(f"ideal{entries}", []).append(rate)
     best = {label: max(rates) for label, rates in results.items() if ":" not in label}
     hit = {label.split(":")[0]: rates[-1] for label, rates in results.items() if label.endswith(":hit_ratio")}
     return {"records_per_s": best, "hit_ratio": hit, "all_runs": results}
@@ -104,11 +171,15 @@ def main(argv: list[str] | None = None) -> int:
         label = f"cache{entries}"
         vs_rocks = rates[label] / rates["rocksdb"]
         vs_memory = rates[label] / rates["memory"]
-        ratios[str(entries)] = {"vs_rocksdb": vs_rocks, "vs_memory": vs_memory}
+        ideal = rates[f"ideal{entries}"] / rates["rocksdb"]
+        ratios[str(entries)] = {"vs_rocksdb": vs_rocks, "vs_memory": vs_memory, "ideal_vs_rocksdb": ideal}
         rows.append(
-            (f"{entries} ({hit_label})", data["hit_ratio"][label], rates[label], vs_rocks, SEED_RATIOS[entries], vs_memory)
+            (f"{entries} ({hit_label})", data["hit_ratio"][label], rates[label], vs_rocks, SEED_RATIOS[entries],
+             vs_memory, ideal, TARGETS[entries])
         )
-    print_table(("cache size", "hit ratio", "records/s", "cache/rocksdb", "seed", "cache/memory"), rows)
+    print_table(
+        ("cache size", "hit ratio", "records/s", "cache/rocksdb", "seed", "cache/memory", "ideal/rocksdb", "target"), rows
+    )
     for entries, hit_label in ((250, "0%"), (500, "50%"), (1000, "100%")):
         targets.append(check_target(f"cache/rocksdb at {hit_label} hits", ratios[str(entries)]["vs_rocksdb"], TARGETS[entries]))
     targets.append(check_target("cache/memory at 100% hits", ratios["1000"]["vs_memory"], TARGET_VS_MEMORY))

@@ -13,7 +13,7 @@ import copy
 import dataclasses
 import functools
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Optional, Union
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 import pandas as pd
 
@@ -213,10 +213,19 @@ class AggregateOperator:
     """A ready operator whose state is the accumulators of ``aggregations`` and whose output is their results.
 
     Use it as a runner's ``fn``; stack ``mini_batch``/``cached_state`` on it like on a function.
+    ``key_columns``: the names of the key columns, written before the outputs
+    when Spark's ``applyInPandasWithState`` calls the operator (Spark passes
+    the key's values but not its column names); the runners know the key and
+    add its columns themselves, and refuse a different ``key``.
     """
 
-    def __init__(self, aggregations: Mapping[str, Aggregation]) -> None:
+    def __init__(self, aggregations: Mapping[str, Aggregation], key_columns: Optional[Sequence[str]] = None) -> None:
         self.aggregations = Aggregations(dict(aggregations))
+        self.key_columns = None if key_columns is None else tuple(key_columns)
+        if self.key_columns is not None:
+            clash = [c for c in self.key_columns if c in self.aggregations]
+            if clash:
+                raise ValueError(f"aggregate(): key column(s) {clash} are also output columns of the aggregations")
         self.__opbuffer__ = OperatorSpec(
             function=None,
             mini_batch=MiniBatchConfig(combine=dict(aggregations)),
@@ -233,11 +242,39 @@ class AggregateOperator:
         if frames:
             accumulator = aggs.merge(accumulator, aggs.partial(pd.concat(frames, ignore_index=True)))
         state.update((pickle.dumps(accumulator, 5),))
-        yield pd.DataFrame({name: [value] for name, value in aggs.result(accumulator).items()})
+        columns: dict[str, list[Any]] = {}
+        if self.key_columns is not None:
+            if len(key) != len(self.key_columns):
+                raise ValueError(
+                    f"aggregate(key={list(self.key_columns)}) got the key {tuple(key)!r} of {len(key)} column(s) "
+                    f"from Spark: group by exactly the key columns"
+                )
+            columns.update({name: [value] for name, value in zip(self.key_columns, key)})
+        columns.update({name: [value] for name, value in aggs.result(accumulator).items()})
+        yield pd.DataFrame(columns)
 
 
-def aggregate(aggregations: Mapping[str, Aggregation]) -> AggregateOperator:
-    """A ready operator with no user function: ``{output_column: Aggregation}`` per key, fully vectorized."""
+def check_operator_key(fn: Any, key_columns: Sequence[str]) -> None:
+    """Raise ValueError when ``fn`` is ``aggregate(..., key=...)`` naming other key columns than a runner's."""
+    declared = getattr(fn, "key_columns", None) if isinstance(fn, AggregateOperator) else None
+    if declared is not None and list(declared) != list(key_columns):
+        raise ValueError(f"fn is aggregate(..., key={list(declared)}) but the runner's key is {list(key_columns)}")
+
+
+def aggregate(
+    aggregations: Mapping[str, Aggregation], *, key: Union[str, Sequence[str], None] = None
+) -> AggregateOperator:
+    """A ready operator with no user function: ``{output_column: Aggregation}`` per key, fully vectorized.
+
+    ``key`` (optional) names the key columns for Spark's own
+    ``groupBy(key).applyInPandasWithState(operator, ...)``, so that its output
+    has them before the outputs; the opbuffer runners add them anyway.
+    """
     if not isinstance(aggregations, Mapping) or not aggregations:
         raise TypeError(f"aggregate() needs a non-empty mapping {{output_column: Aggregation}}, got {aggregations!r}")
+    if key is not None:
+        columns = [key] if isinstance(key, str) else list(key) if isinstance(key, (list, tuple)) else None
+        if not columns or not all(isinstance(c, str) and c for c in columns):
+            raise TypeError(f"aggregate(key=...) takes a column name or a list of them, got {key!r}")
+        return AggregateOperator(aggregations, columns)
     return AggregateOperator(aggregations)

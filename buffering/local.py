@@ -23,7 +23,7 @@ from state.keygroups import DEFAULT_MAX_PARALLELISM, check_max_parallelism, key_
 from state.keys import key_groups_of_longs, normalize_key, normalize_types, spark_hash
 
 from .buffer import factorize_keys
-from .decorators import spec_of
+from .decorators import check_operator_key, spec_of
 from .frames import concat_frames
 from .operator import OperatorInstance
 
@@ -107,6 +107,7 @@ class LocalRunner:
         self.key_columns = [key] if isinstance(key, str) else list(key)
         if not self.key_columns or not all(isinstance(c, str) for c in self.key_columns):
             raise ValueError(f"key must name one or more columns, got {key!r}")
+        check_operator_key(fn, self.key_columns)
         check_max_parallelism(max_parallelism)
         if isinstance(parallelism, bool) or not isinstance(parallelism, int) or not 1 <= parallelism <= max_parallelism:
             raise ValueError(f"parallelism must be an int in [1, max_parallelism={max_parallelism}], got {parallelism!r}")

@@ -52,7 +52,7 @@ from state.keygroups import DEFAULT_MAX_PARALLELISM, check_max_parallelism
 from state.keys import NormalizedKey, denormalize_key, normalize_key
 
 from ..aggregations import Aggregations, First, Last
-from ..decorators import OperatorSpec, spec_of
+from ..decorators import OperatorSpec, check_operator_key, spec_of
 from ..frames import concat_frames
 from ..buffer import _object_column
 from ._plan import _quoted, key_list, key_types_of, operator_index_sql, output_schema_for
@@ -363,6 +363,7 @@ def run_batch(
     if spec.function is None and spec.aggregations is None:
         raise TypeError(f"run_batch: {fn!r} has nothing to run")
     key_columns = key_list(key)
+    check_operator_key(fn, key_columns)
     key_types_of(df.schema, key_columns)  # missing or unsupported key columns
     check_max_parallelism(max_parallelism)
     session = df.sparkSession

@@ -35,7 +35,7 @@ from checkpoint import DEFAULT_RETAIN, CheckpointStorage, VersionExistsError, co
 from state.group_state import NO_TIMESTAMP, GroupStateTimeout, timeout_conf
 from state.keygroups import DEFAULT_MAX_PARALLELISM, check_max_parallelism
 
-from ..decorators import spec_of
+from ..decorators import check_operator_key, spec_of
 from . import _task
 from ._sql_combine import sql_exprs, sql_partials
 from ._plan import key_list, key_types_of, nullable, operator_index_sql, output_schema_for
@@ -139,6 +139,7 @@ class StreamRunner:
         if self.spec.function is None and self.spec.aggregations is None:
             raise TypeError(f"{fn!r} has nothing to run")
         self.key_columns = key_list(key)
+        check_operator_key(fn, self.key_columns)
         self.key_types = key_types_of(input_schema, self.key_columns)
         check_max_parallelism(max_parallelism)
         self.max_parallelism = max_parallelism

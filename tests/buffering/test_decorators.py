@@ -120,6 +120,50 @@ def test_aggregate_operator_is_introspectable_and_takes_both_decorators():
     assert spec.state == StateConfig(max_entries=4, store="rocksdb")
 
 
+def test_aggregate_with_key_writes_the_key_columns_first_under_apply_in_pandas_with_state():
+    op = cached_state(max_entries=4)(aggregate({"n": Count(), "s": Sum("v")}, key=["k", "day"]))
+    state = our_state()
+    out = pd.concat(list(op((7, "mon"), iter([pd.DataFrame({"k": [7, 7], "day": ["mon"] * 2, "v": [1, 2]})]), state)))
+    assert out.columns.tolist() == ["k", "day", "n", "s"]
+    assert out.values.tolist() == [[7, "mon", 2, 3]]
+
+
+def test_aggregate_without_key_writes_only_the_outputs():
+    out = pd.concat(list(aggregate({"n": Count()})((7,), iter([frame(k=[7], v=[1])]), our_state())))
+    assert out.columns.tolist() == ["n"]
+
+
+def test_aggregate_with_key_refuses_a_key_of_another_width():
+    op = aggregate({"n": Count()}, key="k")
+    with pytest.raises(ValueError, match=r"\(7, 'mon'\)"):
+        list(op((7, "mon"), iter([frame(k=[7], v=[1])]), our_state()))
+
+
+@pytest.mark.parametrize("key", [[], [""], [1], {"k": 1}])
+def test_aggregate_refuses_a_key_that_is_not_column_names(key):
+    with pytest.raises(TypeError, match="aggregate\\(key="):
+        aggregate({"n": Count()}, key=key)
+
+
+def test_aggregate_refuses_a_key_column_that_is_also_an_output():
+    with pytest.raises(ValueError, match="'n'"):
+        aggregate({"n": Count()}, key="n")
+
+
+def test_runner_refuses_an_aggregate_declared_with_another_key():
+    with pytest.raises(ValueError, match=r"key=\['user'\].*\['k'\]"):
+        LocalRunner(aggregate({"n": Count()}, key="user"), key="k")
+
+
+def test_runner_accepts_an_aggregate_declared_with_its_key():
+    runner = LocalRunner(aggregate({"n": Count()}, key="k"), key="k")
+    try:
+        runner.process(frame(k=[1, 1, 2], v=[1, 2, 3]))
+        assert runner.get_state(1)["n"] == 2 and runner.get_state(2)["n"] == 1
+    finally:
+        runner.close()
+
+
 def test_mini_batch_on_aggregate_refuses_its_own_combiner():
     with pytest.raises(ValueError, match="combine"):
         mini_batch(combine={"x": Count()})(aggregate({"n": Count()}))

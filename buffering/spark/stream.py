@@ -487,7 +487,14 @@ def run_stream(
         query_name: the query's name.
         timeout: ``"none"``, ``"processing"`` or ``"event"`` (GroupStateTimeout).
         event_time: event-time column (timestamp or epoch ms) driving the watermark.
-        watermark_delay_ms: watermark = max event time seen - this delay.
+        watermark_delay_ms: watermark = max event time seen - this delay (before the batch).
+            With ``timeout="event"``, rows at or before the batch's watermark are
+            dropped as late. Spark runs extra batches without data when its
+            watermark moves and drops at or before the previous batch's watermark
+            when batches run back to back; run_stream runs no batch without data
+            (timeouts such a batch would fire, fire at the next batch), so a row
+            between the previous and the current watermark, which Spark keeps in
+            a backlog, is dropped here.
         combine_before_shuffle: pre-aggregate before the shuffle (default: when fn has a mapping combiner).
         retain: committed versions kept (older files are deleted).
         on_batch: called on the driver with each batch's :class:`BatchMetrics`.

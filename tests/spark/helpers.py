@@ -68,11 +68,18 @@ def reference_apply_in_pandas_with_state(
     state_schema: str,
     checkpoint: str,
     timeout: str = "NoTimeout",
+    watermark: tuple[str, str] | None = None,
 ) -> list[tuple[int, pd.DataFrame]]:
-    """Spark's own groupBy().applyInPandasWithState over the same files, one batch per file."""
+    """Spark's own groupBy().applyInPandasWithState over the same files, one batch per file.
+
+    ``watermark``: ``(event time column, delay)`` for ``withWatermark`` (event-time timeouts).
+    """
     out: list[tuple[int, pd.DataFrame]] = []
+    stream = stream_of(spark, directory, input_schema)
+    if watermark is not None:
+        stream = stream.withWatermark(*watermark)
     query = (
-        stream_of(spark, directory, input_schema)
+        stream
         .groupBy(*key)
         .applyInPandasWithState(fn, output_schema, state_schema, "Update", timeout)
         .writeStream.outputMode("update")

@@ -213,6 +213,66 @@ def test_processing_time_timeout_fires_for_keys_without_new_rows(spark, tmp_path
     assert events.values.tolist() == [[1, "seen", 0], [2, "seen", 0], [1, "expired", 1], [2, "seen", 1]]
 
 
+def sessions(key, rows, state):
+    """Events per user until 10 s of event time pass without one (an event-time timeout closes the session)."""
+    if state.hasTimedOut:
+        (n,) = state.get
+        state.remove()
+        yield pd.DataFrame({"user": [key[0]], "n": [n], "event": ["closed"]})
+        return
+    n = state.get[0] if state.exists else 0
+    latest = 0
+    for pdf in rows:
+        n += len(pdf)
+        latest = max(latest, int(pdf["ms"].max()))
+    state.update((n,))
+    state.setTimeoutTimestamp(latest + 10_000)
+    yield pd.DataFrame({"user": [key[0]], "n": [n], "event": ["open"]})
+
+
+def test_event_time_timeouts_and_late_rows_equal_apply_in_pandas_with_state(spark, tmp_path):
+    def batch(users, ms):
+        ms = np.asarray(ms, dtype=np.int64)
+        return pd.DataFrame({"user": np.asarray(users, dtype=np.int64), "ms": ms,
+                             # microseconds: Spark reads no nanosecond parquet timestamps
+                             "ts": pd.to_datetime(ms, unit="ms", utc=True).astype("datetime64[us, UTC]")})
+
+    frames = [
+        batch([1, 1, 2], [1_000, 2_000, 3_000]),
+        batch([3], [100_000]),  # the watermark of batch 2 becomes 95 s: user 2's session (13 s) closes there
+        batch([4, 1], [200_000, 150_000]),
+        # Watermark 195 s: the sessions of users 1 (160 s) and 3 (110 s) close. User 5's row (50 s) is late
+        # for both rules in use: Spark drops a row at or before the previous batch's watermark (95 s here)
+        # when batches run back to back, and at or before the current one after a batch without data;
+        # run_stream, which runs no batch without data, drops at or before the current one.
+        batch([6, 5], [300_000, 50_000]),
+    ]
+    source = write_batches(str(tmp_path / "in"), frames)
+    schema = "user long, ms long, ts timestamp"
+    output = "user long, n long, event string"
+    reference = reference_apply_in_pandas_with_state(
+        spark, source, schema, sessions, ["user"], output, "n long", str(tmp_path / "ref"),
+        timeout="EventTimeTimeout", watermark=("ts", "5 seconds"),
+    )
+    out: list = []
+    query = run_stream(
+        stream_of(spark, source, schema), sessions, key="user", output_schema=output,
+        checkpoint_location=str(tmp_path / "ck"), sink=collect_sink(out), trigger={"availableNow": True},
+        timeout="event", event_time="ts", watermark_delay_ms=5_000,
+    )
+    query.awaitTermination()
+    ours = all_rows(out, ["user", "event"])
+    # Spark may add a batch without data at the end to fire the timeouts its last watermark allows;
+    # run_stream runs the batches that have data.
+    expected = all_rows(reference, ["user", "event"])
+    expected = expected[expected["batch"] <= ours["batch"].max()].reset_index(drop=True)
+    pd.testing.assert_frame_equal(ours, expected, check_dtype=False)
+    closed = ours[ours["event"] == "closed"]
+    assert closed[["batch", "user"]].values.tolist() == [[2, 2], [3, 1], [3, 3]]
+    assert 5 not in ours["user"].tolist()
+    assert [m.dropped_late_rows for m in query.batch_metrics] == [0, 0, 0, 1]
+
+
 def test_parquet_sink_written_by_the_tasks_equals_the_one_written_by_spark(spark, input_dir, tmp_path):
     op = buffering.aggregate({"views": Count(), "viewers": ApproxDistinct("user")})
     frames = {}

@@ -270,18 +270,22 @@ class WriteBackCache(Store):
         return self.get(key, MISSING) is not MISSING
 
     def _miss(self, nkey: NormalizedKey) -> Any:
+        value = self._fetch(nkey)
+        self._insert(nkey, value)
+        return value
+
+    def _fetch(self, nkey: NormalizedKey) -> Any:
+        """The value of a key not in the table: from the write buffer, else loaded from the backend."""
         self._misses += 1
         if self._closed:
             raise StoreClosedError(f"cache {self.cache_name!r} is closed")
         pending = self._pending
         if nkey in pending:
             raw = pending[nkey]
-            value = MISSING if raw is None else self._loads(raw)
-        else:
-            value = self._backend._load(nkey)
-            if value is not MISSING:
-                self._loads_found += 1
-        self._insert(nkey, value)
+            return MISSING if raw is None else self._loads(raw)
+        value = self._backend._load(nkey)
+        if value is not MISSING:
+            self._loads_found += 1
         return value
 
     def get_many(self, keys: Iterable[Any], default: Any = None) -> list[Any]:
@@ -707,18 +711,8 @@ class _LRUTableCache(WriteBackCache):
     put = WriteBackCache._put_lru  # type: ignore[assignment]
 
     def _miss_unbounded(self, nkey: NormalizedKey) -> Any:
-        """_miss and _insert of the general path for this class (same counters, same order of effects)."""
-        self._misses += 1
-        if self._closed:
-            raise StoreClosedError(f"cache {self.cache_name!r} is closed")
-        pending = self._pending
-        if nkey in pending:
-            raw = pending[nkey]
-            value = MISSING if raw is None else self._loads(raw)
-        else:
-            value = self._backend._load(nkey)
-            if value is not MISSING:
-                self._loads_found += 1
+        """_miss with _insert inlined for this class (same counters, same order of effects)."""
+        value = self._fetch(nkey)
         data = self._data
         data[nkey] = value
         self._inserts += 1

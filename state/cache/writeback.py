@@ -736,7 +736,12 @@ class _LRUTableCache(WriteBackCache):
         return value
 
 
-class _CheckedLRUTableCache(_LRUTableCache):
-    """A WriteBackCache with the native LRU table under a byte bound, a manager or watermarks."""
+class _CheckedLRUTableCache(WriteBackCache):
+    """A WriteBackCache with the native LRU table under a byte bound, a manager or watermarks.
 
+    Not a subclass of _LRUTableCache: its get() leaves out the drain, the syncs
+    above the low watermark and the manager's rebalance that this class needs.
+    """
+
+    get = WriteBackCache._get_lru  # type: ignore[assignment]
     put = WriteBackCache._put_lru_checked  # type: ignore[assignment]

@@ -561,6 +561,28 @@ def test_watermarks_sync_the_least_recently_modified_first():
     assert 5 not in backend
 
 
+def test_above_the_low_watermark_an_eviction_by_a_read_also_syncs(policy):
+    cache = WriteBackCache(MemoryStore(), max_entries=10, policy=policy, low_watermark=0.2, high_watermark=0.5, sync_step=1)
+    for key in range(4):
+        cache.put(key, key)  # 4 dirty: between the low (2) and the high (5) watermark
+    for key in range(100, 107):
+        cache.get(key)  # the 7th read evicts a dirty entry; 3 dirty > 2: one more is synced
+    assert cache.stats()["syncs"] == 1
+    assert cache.dirty_count() == 2
+
+
+def test_after_going_above_the_high_watermark_reads_keep_syncing_down_to_the_low_one(policy):
+    cache = WriteBackCache(MemoryStore(), max_entries=20, policy=policy, low_watermark=0.25, high_watermark=0.5, sync_step=1)
+    for key in range(11):
+        cache.put(key, key)  # the 11th put is above the high watermark (10): 2 synced, 9 dirty, draining
+    assert cache.dirty_count() == 9
+    for key in range(4):
+        cache.get(key)  # hits: each syncs one more
+    assert cache.dirty_count() == 5
+    cache.get(4)
+    assert cache.dirty_count() == 5  # at the low watermark: draining stopped
+
+
 # ------------------------------------------------------------------ byte bound
 
 

@@ -414,7 +414,7 @@ def _run_task(
     if collected is not None:
         # Written before the report row is yielded: a report means the task's output is in place.
         assert plan.sink_dir is not None
-        rows = pd.concat(collected, ignore_index=True).drop(columns=[REPORT_COLUMN]) if collected else (
+        rows = concat_frames(collected).drop(columns=[REPORT_COLUMN]) if collected else (
             pd.DataFrame({name: pd.Series([], dtype=object) for name in plan.output_columns})
         )
         directory = os.path.join(plan.sink_dir, f"batch_id={context.version}")

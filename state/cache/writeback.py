@@ -270,22 +270,18 @@ class WriteBackCache(Store):
         return self.get(key, MISSING) is not MISSING
 
     def _miss(self, nkey: NormalizedKey) -> Any:
-        value = self._fetch(nkey)
-        self._insert(nkey, value)
-        return value
-
-    def _fetch(self, nkey: NormalizedKey) -> Any:
-        """The value of a key not in the table: from the write buffer, else loaded from the backend."""
         self._misses += 1
         if self._closed:
             raise StoreClosedError(f"cache {self.cache_name!r} is closed")
         pending = self._pending
         if nkey in pending:
             raw = pending[nkey]
-            return MISSING if raw is None else self._loads(raw)
-        value = self._backend._load(nkey)
-        if value is not MISSING:
-            self._loads_found += 1
+            value = MISSING if raw is None else self._loads(raw)
+        else:
+            value = self._backend._load(nkey)
+            if value is not MISSING:
+                self._loads_found += 1
+        self._insert(nkey, value)
         return value
 
     def get_many(self, keys: Iterable[Any], default: Any = None) -> list[Any]:
@@ -688,60 +684,13 @@ class WriteBackCache(Store):
 
 
 class _LRUTableCache(WriteBackCache):
-    """A WriteBackCache with the native LRU table and nothing to check after a put (see _choose_fast_class).
-
-    Without watermarks, a byte bound or a manager, nothing drains, samples a
-    capacity or rebalances: get() and its miss path are the general ones with
-    those steps (and the policy calls, done by the table) left out, in fewer
-    Python frames (the seed's 0 % hit-rate benchmark spends most of its Python
-    time in this path).
-    """
-
-    def get(self, key: Any, default: Any = None) -> Any:  # type: ignore[override]
-        t = type(key)
-        if t is int or t is str:
-            try:
-                value = self._data[key]
-            except KeyError:
-                value = self._miss_unbounded(normalize_key(key))  # validates an int's range
-            self._last = key  # the most recent entry now, even after a miss
-            return default if value is MISSING else value
-        return self._get_normalized(normalize_key(key), default)
-
-    put = WriteBackCache._put_lru  # type: ignore[assignment]
-
-    def _miss_unbounded(self, nkey: NormalizedKey) -> Any:
-        """_miss with _insert inlined for this class (same counters, same order of effects)."""
-        value = self._fetch(nkey)
-        data = self._data
-        data[nkey] = value
-        self._inserts += 1
-        self._sample_countdown -= 1
-        if self._sample_countdown <= 0 and value is not MISSING:
-            self._sample(nkey, value)
-        if len(data) > self._capacity:
-            self._last = _NOT_CACHED  # the key of the last get may be a victim
-            dirty = self._dirty
-            while len(data) > self._capacity:
-                victim, old = data.popitem()  # the least recent entry
-                self._evictions += 1
-                if victim in dirty:
-                    del dirty[victim]
-                    try:
-                        self._stage(victim, old)
-                    except BaseException:
-                        data[victim] = old  # keep what was accepted: back, dirty, most recent
-                        dirty[victim] = old
-                        raise
-        return value
-
-
-class _CheckedLRUTableCache(WriteBackCache):
-    """A WriteBackCache with the native LRU table under a byte bound, a manager or watermarks.
-
-    Not a subclass of _LRUTableCache: its get() leaves out the drain, the syncs
-    above the low watermark and the manager's rebalance that this class needs.
-    """
+    """A WriteBackCache with the native LRU table and nothing to check after a put (see _choose_fast_class)."""
 
     get = WriteBackCache._get_lru  # type: ignore[assignment]
+    put = WriteBackCache._put_lru  # type: ignore[assignment]
+
+
+class _CheckedLRUTableCache(_LRUTableCache):
+    """A WriteBackCache with the native LRU table under a byte bound, a manager or watermarks."""
+
     put = WriteBackCache._put_lru_checked  # type: ignore[assignment]

@@ -30,7 +30,7 @@ import os
 import shutil
 import sys
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from typing import Any, Callable
 
 from state import MemoryStore, RocksDBStore, Store, WriteBackCache
@@ -83,8 +83,6 @@ class MinimalDictCache:
 
 def lru_schedule(keys: list[int], capacity: int) -> list[tuple[int, bool, int | None]]:
     """Per record ``(key, hit, evicted key or None)`` of an LRU cache of ``capacity`` entries (untimed)."""
-    from collections import OrderedDict
-
     resident: OrderedDict[int, None] = OrderedDict()
     schedule: list[tuple[int, bool, int | None]] = []
     for key in keys:

@@ -13,15 +13,18 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import weakref
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import pandas as pd
 
 from checkpoint import CheckpointStorage, CheckpointWriter, Manifest, TaskReport, restore
+from checkpoint.staging import sweep_stale_staging
 from state import MemoryStore, RocksDBStore, Store, WriteBackCache, key_group_range
 from state.group_state import NO_TIMESTAMP, GroupState, GroupStateTimeout
 from state.keys import NormalizedKey, denormalize_key, normalize_key
+from state.locks import FileLock, directory_lock
 from state.timers import TimerService
 
 from .buffer import MiniBatchBuffer
@@ -43,6 +46,35 @@ class InstanceMetrics:
     timeouts: int = 0
     rows_out: int = 0
     checkpoint_bytes: int = 0
+
+
+class _WorkingFiles:
+    """What an instance holds on disk: its working store, the claim on its directory, a temp dir it made.
+
+    Kept apart from the instance so that a finalizer can release them without
+    keeping the instance alive: a runner dropped without ``close()`` still
+    closes its store, gives up its claim and removes its temporary directory.
+    """
+
+    __slots__ = ("root", "lock", "owned_dir")
+
+    def __init__(self) -> None:
+        self.root: Optional[Store] = None
+        self.lock: Optional[FileLock] = None
+        self.owned_dir: Optional[str] = None
+
+    def release(self) -> None:
+        root, self.root = self.root, None
+        try:
+            if root is not None:
+                root.close()
+        finally:
+            lock, self.lock = self.lock, None
+            if lock is not None:
+                lock.release()
+            owned, self.owned_dir = self.owned_dir, None
+            if owned is not None:
+                shutil.rmtree(owned, ignore_errors=True)
 
 
 class OperatorInstance:
@@ -74,7 +106,8 @@ class OperatorInstance:
         self.storage = storage
         self.metrics = InstanceMetrics()
         config = spec.state
-        self._owned_dir: Optional[str] = None
+        self._files = _WorkingFiles()
+        self._finalizer = weakref.finalize(self, self._files.release)
         # The working store: RocksDB when asked for, or whenever checkpoints are written
         # (the checkpoint reads key-group ranges from it); "memory" then means an
         # unbounded cache in front of it, so all state stays in memory.
@@ -82,8 +115,16 @@ class OperatorInstance:
             if workdir is None:
                 base = config.path
                 if base is None:
-                    base = self._owned_dir = tempfile.mkdtemp(prefix="opbuffer-")
+                    base = self._files.owned_dir = tempfile.mkdtemp(prefix="opbuffer-")
+                else:
+                    os.makedirs(base, exist_ok=True)
                 workdir = os.path.join(base, f"instance-{index}-of-{parallelism}")
+            # Claimed before anything is deleted: another runner's live store may be there.
+            self._files.lock = directory_lock(workdir)
+            self._files.lock.acquire()
+            if storage is not None:
+                # SST staging directories of crashed checkpoints and restores (in /dev/shm: memory).
+                sweep_stale_staging([os.path.dirname(os.path.abspath(workdir))])
             if fresh:
                 # The working copy is rebuilt from the checkpoint: never trust leftovers.
                 shutil.rmtree(workdir, ignore_errors=True)
@@ -98,6 +139,7 @@ class OperatorInstance:
             for name in (PENDING_TABLE, TIMERS_TABLE):
                 self.tables[name] = root_memory.table(name)
             self._root = root_memory
+            self._files.root = root_memory
         state_table = self.tables[STATE_TABLE]
         self.cache: Optional[WriteBackCache] = None
         if config.cached or (config.store == "memory" and isinstance(state_table, RocksDBStore)):
@@ -124,6 +166,7 @@ class OperatorInstance:
             self.tables[name] = root.table(name)
         for table in self.tables.values():
             table.track_changes()  # type: ignore[attr-defined]
+        self._files.root = root
         return root
 
     # ------------------------------------------------------------ handing the working store over
@@ -132,7 +175,9 @@ class OperatorInstance:
 
         Right after a checkpoint the store on disk equals the checkpointed
         version, so another process can :meth:`adopt` it, or this one can
-        :meth:`resume` with its cache still warm.
+        :meth:`resume` with its cache still warm. The claim on the directory
+        is kept until :meth:`release_workdir`, so that nobody sweeps it before
+        the hand-over is recorded.
         """
         if self.workdir is None:
             raise TypeError("only an instance with a RocksDB working store can be suspended")
@@ -142,10 +187,21 @@ class OperatorInstance:
         self._root.close()
         self.suspended = True
 
+    def release_workdir(self) -> None:
+        """Give up the claim on a suspended instance's directory, so another process can adopt it."""
+        if not self.suspended:
+            raise RuntimeError("release_workdir() is for a suspended instance: its store must be closed first")
+        if self._files.lock is not None:
+            self._files.lock.release()
+
     def resume(self) -> None:
         """Reopen the working store after :meth:`suspend` (nobody else has changed it since)."""
         if not self.suspended:
             return
+        assert self.workdir is not None
+        if self._files.lock is None:
+            self._files.lock = directory_lock(self.workdir)
+        self._files.lock.acquire()
         self._root = self._open_working_store()
         if self.cache is not None:
             self.cache.rebind(self.tables[STATE_TABLE])
@@ -362,11 +418,15 @@ class OperatorInstance:
         return out
 
     def close(self) -> None:
-        """Flush the cache and close the working store (a temporary one is deleted)."""
-        if not self.suspended:
-            if self.cache is not None:
+        """Flush the cache, close the working store and give up its directory (a temporary one is deleted).
+
+        An instance dropped without ``close()`` is not flushed, but its
+        finalizer still closes the store, releases the directory and deletes a
+        temporary one.
+        """
+        try:
+            if not self.suspended and self.cache is not None:
                 self.cache.close()  # flushes and closes the root store's table
-            self._root.close()
-        if self._owned_dir is not None:
-            shutil.rmtree(self._owned_dir, ignore_errors=True)
+        finally:
+            self._finalizer()
 

@@ -66,6 +66,7 @@ from .format import (
     file_hasher,
 )
 from .manifest import Manifest, SectionRef
+from .staging import staging_dir
 from .storage import CheckpointStorage
 
 DEFAULT_CHUNK = 100_000
@@ -137,12 +138,12 @@ def _is_empty(store: RocksDBStore, key_groups: range) -> bool:
 def _temp_dir_near(tables: Mapping[str, RocksDBStore], tmp_dir: str | None) -> str:
     """A temp dir for SST files: ``tmp_dir``, else next to the first store (same filesystem: ingestion links)."""
     if tmp_dir is not None:
-        return tempfile.mkdtemp(prefix="opbuffer-restore-", dir=tmp_dir)
+        return staging_dir("restore", tmp_dir)
     store = next(iter(tables.values()))
     try:
-        return tempfile.mkdtemp(prefix=".opbuffer-restore-", dir=os.path.dirname(os.path.abspath(store.path)))
+        return staging_dir("restore", os.path.dirname(os.path.abspath(store.path)), hidden=True)
     except OSError:
-        return tempfile.mkdtemp(prefix="opbuffer-restore-")
+        return staging_dir("restore", tempfile.gettempdir())
 
 
 def _corrupt_truncated(file: str, ref: SectionRef, got: int) -> CheckpointCorruptError:

@@ -69,6 +69,7 @@ from .format import (
     file_hasher,
 )
 from .manifest import Manifest, SectionRef, TaskReport
+from .staging import staging_dir
 from .storage import CheckpointStorage, data_file_version
 
 DEFAULT_MAX_CHAIN = 8
@@ -85,24 +86,6 @@ def _check_range(key_groups: range, max_parallelism: int) -> range:
     if key_groups.start < 0 or key_groups.stop > max_parallelism:
         raise ValueError(f"key_groups {key_groups!r} outside [0, max_parallelism={max_parallelism})")
     return key_groups
-
-
-def fast_temp_dir() -> str:
-    """A directory for short-lived SST files: ``/dev/shm`` when usable (no fsync cost), else the system temp.
-
-    RocksDB's ``SstFileWriter.finish()`` fsyncs the file, which costs
-    milliseconds per file on a disk; the files written here are read back
-    and deleted at once, so a RAM-backed directory is the right place.
-    """
-    shm = "/dev/shm"
-    try:
-        if os.path.isdir(shm) and os.access(shm, os.W_OK):
-            stat = os.statvfs(shm)
-            if stat.f_bavail * stat.f_frsize >= 256 << 20:
-                return shm
-    except OSError:
-        pass
-    return tempfile.gettempdir()
 
 
 class CheckpointWriter:
@@ -131,7 +114,7 @@ class CheckpointWriter:
             of a file (rescaled to more than ``max_parallelism / sst_key_groups``
             instances, or some of its key groups were snapshotted again since)
             loads its key groups entry by entry from it. 1: one file per key group.
-        tmp_dir: where SST files are built (default :func:`fast_temp_dir`).
+        tmp_dir: where SST files are built (default :func:`checkpoint.staging.fast_temp_dir`).
     """
 
     def __init__(
@@ -299,7 +282,7 @@ class CheckpointWriter:
         records = 0
         sst_files: dict[str, int] = {}  # SST files written next to the task file: name -> size
 
-        tmp = tempfile.mkdtemp(prefix="opbuffer-ckpt-", dir=self.tmp_dir or fast_temp_dir())
+        tmp = staging_dir("ckpt", self.tmp_dir)
         try:
             with self.storage.open_write(path) as stream:
                 out = TaskFileWriter(stream, header)

@@ -28,6 +28,7 @@ import pandas as pd
 
 from checkpoint import CheckpointStorage, Manifest
 from state.base import StoreLockedError
+from state.locks import FileLock, directory_lock, process_alive
 from state.group_state import NO_TIMESTAMP, GroupStateTimeout
 from state.keys import normalize_key
 
@@ -204,7 +205,7 @@ def _claim(directory: str) -> Optional[dict[str, Any]]:
 
 def _release(directory: str, version: int, token: str, db: str) -> None:
     """Record that ``db`` holds exactly ``version`` and is closed: the next task may take it over."""
-    tmp = os.path.join(directory, f".owner-{uuid.uuid4().hex}")
+    tmp = os.path.join(directory, f".owner-{os.getpid()}-{uuid.uuid4().hex}")
     with open(tmp, "w") as f:
         json.dump({"version": version, "token": token, "db": db, "pid": os.getpid()}, f)
     os.replace(tmp, os.path.join(directory, OWNER_FILE))
@@ -238,11 +239,22 @@ def _instance(plan: TaskPlan, storage: CheckpointStorage, index: int, context: B
 
     In order of preference: this process's own suspended instance (warm
     cache), the working RocksDB another worker process of this machine left at
-    exactly that version, or a new one restored from the checkpoint.
+    exactly that version, or a new one restored from the checkpoint. The choice
+    is made under the instance directory's lock, so that the sweep of crashed
+    attempts' stores never races a hand-over.
     """
-    key = (plan.location, plan.query_id, index, plan.parallelism)
     directory = state_dir(plan, index)
     os.makedirs(directory, exist_ok=True)
+    with FileLock(os.path.join(directory, ".instance.lock")):
+        instance = _choose_instance(plan, storage, index, context, directory)
+        _sweep_stores(directory, keep=os.path.basename(instance.workdir or ""))
+    return instance
+
+
+def _choose_instance(
+    plan: TaskPlan, storage: CheckpointStorage, index: int, context: BatchContext, directory: str
+) -> OperatorInstance:
+    key = (plan.location, plan.query_id, index, plan.parallelism)
     claim = _claim(directory)
     live = _LIVE.get(key)
     if claim is not None and claim.get("version") == context.previous_version:
@@ -260,8 +272,8 @@ def _instance(plan: TaskPlan, storage: CheckpointStorage, index: int, context: B
         except StoreLockedError:
             pass  # a straggling attempt still has it open: build a private copy
     _drop_live(key)
-    if claim is not None:
-        shutil.rmtree(os.path.join(directory, str(claim["db"])), ignore_errors=True)
+    # A claimed store that is not taken is left to _sweep_stores: it is removed unless a
+    # straggling attempt still holds it.
     # Directories of this query at another parallelism are stale (the job was rescaled).
     parent = os.path.dirname(directory)
     for name in os.listdir(parent):
@@ -274,6 +286,53 @@ def _instance(plan: TaskPlan, storage: CheckpointStorage, index: int, context: B
         instance.restore(_manifest(plan, storage, context.previous_version))
     _LIVE[key] = _Live(instance, None)
     return instance
+
+
+def _sweep_stores(directory: str, keep: str) -> list[str]:
+    """Remove the working stores of crashed or abandoned attempts in an instance directory; return their names.
+
+    A store is in use while its process holds its claim (an open or
+    suspending instance) or while the ownership record names it (handed over,
+    waiting for the next task); every other ``db-*`` directory was left by an
+    attempt that died or was dropped. Leftover temp files of the ownership
+    record go too. Called under the instance directory's lock.
+    """
+    owner = None
+    try:
+        with open(os.path.join(directory, OWNER_FILE)) as f:
+            owner = json.load(f).get("db")
+    except (OSError, ValueError, AttributeError):
+        pass
+    removed = []
+    for name in os.listdir(directory):
+        path = os.path.join(directory, name)
+        if name.startswith((".claimed-", ".owner-")):
+            pid = name.split("-")[1]
+            if pid.isdigit() and int(pid) != os.getpid() and not process_alive(int(pid)):
+                with contextlib.suppress(OSError):
+                    os.remove(path)
+            continue
+        if name.startswith(".db-") and name.endswith(".lock"):  # the claim of a store (directory_lock)
+            if not os.path.exists(os.path.join(directory, name[1 : -len(".lock")])):
+                stale = FileLock(path)
+                if stale.try_acquire():
+                    with contextlib.suppress(OSError):
+                        os.remove(path)
+                    stale.release()
+            continue
+        if not name.startswith("db-") or name in (keep, owner):
+            continue
+        claim = directory_lock(path)
+        if not claim.try_acquire():
+            continue  # a live attempt holds it
+        try:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(name)
+        finally:
+            claim.release()
+        with contextlib.suppress(OSError):
+            os.remove(claim.path)
+    return removed
 
 
 def _counters(instance: OperatorInstance) -> dict[str, float]:
@@ -410,6 +469,8 @@ def _run_task(
         token = uuid.uuid4().hex
         assert instance.workdir is not None
         _release(state_dir(plan, index), context.version, token, os.path.basename(instance.workdir))
+        # Only now that the record names the store may another worker take (or a sweep judge) it.
+        instance.release_workdir()
         _LIVE[(plan.location, plan.query_id, index, plan.parallelism)].token = token
     if collected is not None:
         # Written before the report row is yielded: a report means the task's output is in place.

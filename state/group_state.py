@@ -12,6 +12,11 @@ from __future__ import annotations
 import datetime as _dt
 from typing import Any, Optional, Tuple
 
+try:  # pyspark is a dependency; importing this module starts no JVM
+    from pyspark.sql.streaming.state import GroupState as _SparkGroupState
+except ImportError:  # pragma: no cover - keep the state layer usable without pyspark
+    _SparkGroupState = object  # type: ignore[assignment,misc]
+
 NO_TIMESTAMP = -1
 
 
@@ -63,8 +68,14 @@ def _to_python(value: Any) -> Any:
     return value
 
 
-class GroupState:
-    """Per-key state handle with pyspark's GroupState API (properties and methods alike)."""
+class GroupState(_SparkGroupState):  # type: ignore[misc,valid-type]
+    """Per-key state handle with pyspark's GroupState API (properties and methods alike).
+
+    A subclass of ``pyspark.sql.streaming.state.GroupState``, so functions that
+    check ``isinstance(state, GroupState)`` (PySpark's own tests do) run
+    unchanged; it keeps its own constructor (Spark's takes JVM-side arguments)
+    and the attribute names of pyspark's, so the inherited ``json()`` works.
+    """
 
     NO_TIMESTAMP: int = NO_TIMESTAMP
 

@@ -185,3 +185,25 @@ def test_the_class_constants_match_pyspark():
 
     for name in ("NoTimeout", "ProcessingTimeTimeout", "EventTimeTimeout"):
         assert getattr(GroupStateTimeout, name) == getattr(SparkTimeout, name)
+
+
+def test_the_state_a_function_receives_is_a_pyspark_group_state():
+    from buffering import LocalRunner
+
+    seen = []
+
+    def fn(key, rows, state):
+        seen.append(isinstance(state, SparkGroupState))
+        state.update((sum(len(r) for r in rows),))
+        yield pd.DataFrame({"k": [key[0]]})
+
+    LocalRunner(fn, key="k").process(pd.DataFrame({"k": [1, 2, 2]}))
+    assert seen == [True, True]
+
+
+def test_json_reports_the_same_fields_as_pysparks_after_the_same_calls():
+    spark, ours = make_pair("event-timeout", (1, "a"))
+    for state in (spark, ours):
+        state.update((2, "b"))
+        state.setTimeoutTimestamp(WATERMARK + 5)
+    assert json.loads(ours.json()) == json.loads(spark.json())

@@ -26,6 +26,7 @@ from .buffer import factorize_keys
 from .decorators import check_operator_key, spec_of
 from .frames import concat_frames
 from .operator import OperatorInstance
+from .protocol import event_time_ms
 
 Clock = Callable[[], int]
 
@@ -59,15 +60,6 @@ def key_groups_of(frame: pd.DataFrame, key_columns: Sequence[str], key_types: Se
         count=len(uniques),
     )
     return groups[codes]
-
-
-def _event_time_ms(column: pd.Series) -> np.ndarray:
-    if column.dtype.kind == "M" or str(column.dtype).startswith("datetime64"):
-        values = pd.to_datetime(column, utc=True)
-        return (values.astype("int64") // 1_000_000).to_numpy()
-    if column.dtype.kind in ("i", "u", "f"):
-        return column.to_numpy(np.int64)
-    raise TypeError(f"event_time column {column.name!r} must be a timestamp or epoch milliseconds, got {column.dtype}")
 
 
 class LocalRunner:
@@ -238,7 +230,7 @@ class LocalRunner:
         if pdf is not None and len(pdf):
             frame = pdf.reset_index(drop=True)
             if self.event_time is not None:
-                event_ms = _event_time_ms(frame[self.event_time])
+                event_ms = event_time_ms(frame[self.event_time])
                 # As Spark's (flat)MapGroupsWithState: with an event-time timeout, rows at or
                 # before the watermark are late and dropped; otherwise every row is processed.
                 if self.timeout_conf == GroupStateTimeout.EventTimeTimeout:

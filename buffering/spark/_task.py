@@ -36,6 +36,7 @@ from ..buffer import factorize_keys
 from ..decorators import OperatorSpec
 from ..frames import concat_frames
 from ..operator import OperatorInstance
+from ..protocol import event_time_ms
 from ._sql_combine import SqlPartial
 from ._sql_combine import accumulators as sql_accumulators
 from .sinks import write_task_part
@@ -102,14 +103,6 @@ _LIVE: dict[tuple[str, str, int, int], _Live] = {}
 _MANIFESTS: dict[tuple[str, int], Manifest] = {}
 
 
-def _event_ms(column: pd.Series) -> np.ndarray:
-    if column.dtype.kind == "M" or str(column.dtype).startswith("datetime64"):
-        return (pd.to_datetime(column, utc=True).astype("int64") // 1_000_000).to_numpy()
-    if column.dtype.kind in ("i", "u", "f"):
-        return column.to_numpy(np.int64)
-    raise TypeError(f"event_time column {column.name!r} must be a timestamp or epoch milliseconds, got {column.dtype}")
-
-
 def drop_late_rows(plan: TaskPlan, frame: pd.DataFrame, watermark_ms: int) -> tuple[pd.DataFrame, int, int]:
     """With an event-time timeout, rows at or before the watermark are late (as in Spark).
 
@@ -117,7 +110,7 @@ def drop_late_rows(plan: TaskPlan, frame: pd.DataFrame, watermark_ms: int) -> tu
     """
     if plan.event_time is None or not len(frame):
         return frame, 0, NO_TIMESTAMP
-    event = _event_ms(frame[plan.event_time])
+    event = event_time_ms(frame[plan.event_time])
     dropped = 0
     if plan.timeout_conf == GroupStateTimeout.EventTimeTimeout and watermark_ms != NO_TIMESTAMP:
         late = event <= watermark_ms
@@ -151,7 +144,7 @@ def combine_partition(plan: TaskPlan, context: BatchContext, batches: Iterator[p
     n_keys = len(uniques)
     rows = np.bincount(codes, minlength=n_keys)
     if plan.event_time is not None:
-        event = pd.Series(_event_ms(frame[plan.event_time])).groupby(codes).max().reindex(range(n_keys)).to_numpy(np.int64)
+        event = pd.Series(event_time_ms(frame[plan.event_time])).groupby(codes).max().reindex(range(n_keys)).to_numpy(np.int64)
     else:
         event = np.full(n_keys, NO_TIMESTAMP, dtype=np.int64)
     # partials are indexed by code, in first-appearance order == code order

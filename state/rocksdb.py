@@ -26,6 +26,7 @@ from rocksdict import (
     Rdict,
     ReadOptions,
     WriteBatch,
+    WriteBufferManager,
     WriteOptions,
 )
 
@@ -72,8 +73,15 @@ class _Database:
         self.wal = wal
         self.tables: dict[str, "RocksDBStore"] = {}
         self.closed = False
-        self._cf_options = self._make_options(block_cache_bytes, bloom_bits_per_key)
-        options = self._make_options(block_cache_bytes, bloom_bits_per_key)
+        # One memory cap for the whole database: a block cache shared by every table (column
+        # family), with the memtables charged to it (a WriteBufferManager) and the index and
+        # filter blocks kept in it, so RocksDB's memory does not grow with the data it holds.
+        self.block_cache = Cache(block_cache_bytes)
+        self.write_buffers = WriteBufferManager.new_write_buffer_manager_with_cache(
+            max(1 << 20, block_cache_bytes // 2), False, self.block_cache
+        )
+        self._cf_options = self._make_options(bloom_bits_per_key)
+        options = self._make_options(bloom_bits_per_key)
         options.create_if_missing(True)
         options.create_missing_column_families(True)
         existing: list[str] = []
@@ -97,11 +105,13 @@ class _Database:
         self.write_options.disable_wal = not wal
         self.db.set_write_options(self.write_options)
 
-    @staticmethod
-    def _make_options(block_cache_bytes: int, bloom_bits_per_key: float) -> Options:
+    def _make_options(self, bloom_bits_per_key: float) -> Options:
         options = Options(raw_mode=True)
+        options.set_write_buffer_manager(self.write_buffers)
         table = BlockBasedOptions()
-        table.set_block_cache(Cache(block_cache_bytes))
+        table.set_block_cache(self.block_cache)
+        table.set_cache_index_and_filter_blocks(True)
+        table.set_pin_l0_filter_and_index_blocks_in_cache(True)
         if bloom_bits_per_key:
             # A whole-key bloom filter makes a miss on a new key cheap (no block read).
             table.set_bloom_filter(bloom_bits_per_key, False)
@@ -147,7 +157,9 @@ class RocksDBStore(Store):
         serializer: value serializer (pickle protocol 5 by default).
         table: the table this object reads and writes.
         wal: keep RocksDB's write-ahead log (off: the checkpoint is the durable copy).
-        block_cache_bytes: RocksDB block cache size.
+        block_cache_bytes: the cap on RocksDB's memory for this store: one block cache shared by
+            its tables, which also holds the index and filter blocks and is charged for the
+            memtables (half of it at most), so memory does not grow with the data.
         bloom_bits_per_key: bloom filter bits per key (0 disables it).
     """
 

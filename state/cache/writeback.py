@@ -19,13 +19,17 @@ least recently modified); above the high watermark every access syncs
 ``sync_step`` until dirty is back at the low watermark, and dirty never
 exceeds the high watermark after an operation.
 
-With the built-in LRU policy the cached entries live in an ``lru.LRU``
-(lru-dict, a C hash table with a recency list): a hit is one C call that finds
-the value, moves it to the front and counts the hit, so the hit path costs
-little more than a dict lookup. Other policies keep a dict and order keys
-themselves. A put right after a get of the same key (read-modify-write, what
-operators do) skips the key checks: the get just validated it and made it the
-most recent entry.
+The policy owns the table of cached entries (see ``policies``): the cache
+has one get path and one put path, through the policy's ``lookup``,
+``update`` and ``insert``, bound once at construction. With the built-in LRU
+policy they are methods of an ``lru.LRU`` (lru-dict, C), so a hit is one C
+call that finds the value, moves it to the front and counts the hit. A put
+right after a get of the same key (read-modify-write, what operators do)
+skips the key checks: the get just validated it.
+
+A byte bound is a bound on memory: entries are sized by sampling the live
+key and value objects (``MemoryEstimator``), plus the policy's measured
+per-entry bookkeeping and the dirty-set slot.
 
 The contract: whatever the bounds, policy and watermarks, the cache over a
 store behaves exactly like a dict.
@@ -36,12 +40,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
-from lru import LRU
-
 from ..base import MISSING, Store, StoreClosedError, StoreError
 from ..keys import NormalizedKey, denormalize_key, normalize_key
 from .estimator import MemoryEstimator
-from .policies import CachePolicy, LRUPolicy, make_policy
+from .malloc import pin_mmap_threshold
+from .policies import CachePolicy, PolicySpec, make_policy
 
 if TYPE_CHECKING:
     from .manager import CacheManager
@@ -60,10 +63,9 @@ class _NotCached:
 
 _NOT_CACHED: Any = _NotCached()
 _UNBOUNDED = 1 << 62
-
-
-def _ignore(key: Any) -> None:
-    """touch/insert of the native LRU table, which orders its keys itself."""
+#: Bytes a dirty entry adds (its slot in the dirty dict): 53 measured with tracemalloc on a fresh
+#: dict, 96 on one that churns keys (deleted slots stay allocated until the dict resizes).
+DIRTY_SLOT_BYTES = 96
 
 
 def _check_size(name: str, value: Any) -> None:
@@ -84,8 +86,11 @@ class WriteBackCache(Store):
     Args:
         backend: the store that holds what does not fit (usually a RocksDBStore).
         max_entries: at most this many cached entries (None: no entry bound).
-        max_bytes: at most this many estimated bytes (sampled serialized sizes).
-        policy: ``"lru"`` (default), ``"clock"``, ``"lfu"`` or a CachePolicy.
+        max_bytes: at most this many estimated bytes in memory (sampled sizes of the
+            live keys and values plus the cache's own bookkeeping per entry).
+        policy: ``"lru"`` (default), ``"clock"``, ``"lfu"``, a CachePolicy class or a
+            factory returning a new CachePolicy; an instance is taken only if no other
+            cache owns it.
         low_watermark, high_watermark: dirty-entry watermarks as fractions of
             capacity, ``0 < low < high <= 1``; both or neither.
         sync_step: dirty entries synced per eviction/access above a watermark.
@@ -104,7 +109,7 @@ class WriteBackCache(Store):
         *,
         max_entries: int | None = None,
         max_bytes: int | None = None,
-        policy: str | CachePolicy = "lru",
+        policy: PolicySpec = "lru",
         low_watermark: float | None = None,
         high_watermark: float | None = None,
         sync_step: int = 3,
@@ -139,7 +144,10 @@ class WriteBackCache(Store):
         self.cache_name = name or f"{type(backend).__name__}:{backend.name}"
         self._backend = backend
         self._policy = make_policy(policy)
-        self._native_lru = type(self._policy) is LRUPolicy
+        self._policy.bind(self)
+        # The policy's table (an lru.LRU for LRU: every subscript a C call) and its insert.
+        self._table = self._policy.table
+        self._policy_insert = self._policy.insert
         self._sample_countdown = 1
         self._max_entries = max_entries
         self._max_bytes = max_bytes
@@ -149,21 +157,13 @@ class WriteBackCache(Store):
         self._sync_step = sync_step
         self._write_batch_entries = write_batch_entries
         self._estimator = estimator if estimator is not None else MemoryEstimator()
+        if self._estimator.entry_overhead is None:
+            self._estimator.entry_overhead = self._policy.entry_overhead + DIRTY_SLOT_BYTES
         self._buffered = backend.batches_writes
         self._dumps = backend.serializer.dumps
         self._loads = backend.serializer.loads
 
-        self._data: Any  # dict or lru.LRU: NormalizedKey -> value (MISSING: known absent)
-        if self._native_lru:
-            # The table keeps recency and counts hits itself; _choose_fast_class picks get() and put().
-            self._data = LRU(_UNBOUNDED)
-            self._touch = self._policy_insert = _ignore
-        else:
-            self._data = {}
-            self._touch = self._policy.touch
-            self._policy_insert = self._policy.insert
-        self._data_get = self._data.get
-        # The key of the last get: still cached and most recent until the next eviction.
+        # The key of the last get: still cached until the next eviction.
         self._last: Any = _NOT_CACHED
         # Dirty entries (key -> value, the value also cached), in order of last modification when
         # watermarks sync the oldest first. Holding the values lets flush and sync read them without
@@ -175,11 +175,10 @@ class WriteBackCache(Store):
         self._closed = False
         # After a put: watermark check and, with a byte bound, size sampling of updated values.
         self._after_put = self._watermarks or max_bytes is not None or manager is not None
-        self._choose_fast_class()
+        if max_bytes is not None or manager is not None:
+            pin_mmap_threshold()  # a bound on memory: freed tables must leave the process
 
-        # _hits counts the hits of a dict table; the native LRU table counts its own hits, from
-        # which stats() subtracts the table pops that it counts as hits too (_uncounted).
-        self._hits = self._uncounted = self._misses = self._loads_found = self._evictions = 0
+        self._misses = self._loads_found = self._evictions = 0
         self._syncs = self._writes = self._write_batches = self._inserts = 0
         self._capacity = _UNBOUNDED
         self._high_n = self._low_n = _UNBOUNDED
@@ -213,7 +212,6 @@ class WriteBackCache(Store):
             self._max_bytes = max_bytes
             if max_bytes is not None:
                 self._after_put = True
-                self._choose_fast_class()
         self._recompute_capacity()
         self._evict_to_fit()
         self._bound_dirty()
@@ -224,47 +222,27 @@ class WriteBackCache(Store):
         return None if self._capacity >= _UNBOUNDED else self._capacity
 
     # ------------------------------------------------------------ reads
-    def get(self, key: Any, default: Any = None) -> Any:
-        # Hot path: a bare int or str is its own normalized key, and a key in the
-        # cache was validated when it entered, so a hit needs no normalization.
+    def get(self, key: Any, default: Any = None, _MISSING: Any = MISSING) -> Any:
+        """The value of ``key`` (``default`` if it has none). A hit is O(1); a miss reads the backend."""
+        # A bare int or str is its own normalized key, and a cached key was validated when it
+        # entered, so a hit needs no normalization (a miss validates an int's range).
         if type(key) is int or type(key) is str:
             try:
-                value = self._data[key]
+                value = self._table[key]
             except KeyError:
-                value = self._miss(normalize_key(key))  # validates an int's range
-                if self._draining:
-                    self._sync(self._sync_step)
-                return default if value is MISSING else value
-            self._touch(key)
-            self._hits += 1
-            if self._draining:
-                self._sync(self._sync_step)
-            return default if value is MISSING else value
-        return self._get_normalized(normalize_key(key), default)
-
-    def _get_lru(self, key: Any, default: Any = None) -> Any:
-        """get() with the native LRU table: the table counts the hit and moves the key to the front."""
-        if type(key) is int or type(key) is str:
-            try:
-                value = self._data[key]
-            except KeyError:
-                value = self._miss(normalize_key(key))  # validates an int's range
-            self._last = key  # the most recent entry now, even after a miss (its insert evicts others)
-            if self._draining:
-                self._sync(self._sync_step)
-            return default if value is MISSING else value
-        return self._get_normalized(normalize_key(key), default)
-
-    def _get_normalized(self, nkey: NormalizedKey, default: Any) -> Any:
-        value = self._data_get(nkey, _NOT_CACHED)
-        if value is _NOT_CACHED:
-            value = self._miss(nkey)
+                # Not remembered as _last: a policy may evict a new key at once (LFU: count 1).
+                value = self._miss(normalize_key(key))
+            else:
+                self._last = key
         else:
-            self._touch(nkey)
-            self._hits += 1
+            nkey = normalize_key(key)
+            try:
+                value = self._table[nkey]
+            except KeyError:
+                value = self._miss(nkey)
         if self._draining:
             self._sync(self._sync_step)
-        return default if value is MISSING else value
+        return default if value is _MISSING else value
 
     def __contains__(self, key: Any) -> bool:
         return self.get(key, MISSING) is not MISSING
@@ -287,18 +265,14 @@ class WriteBackCache(Store):
     def get_many(self, keys: Iterable[Any], default: Any = None) -> list[Any]:
         """Values of ``keys``; all misses are loaded in one batched read of the backend."""
         nkeys = [normalize_key(k) for k in keys]
-        data_get = self._data_get
-        touch = self._touch
+        table = self._table
         out: list[Any] = [None] * len(nkeys)
         missed: dict[NormalizedKey, list[int]] = {}
         for i, nkey in enumerate(nkeys):
-            value = data_get(nkey, _NOT_CACHED)
-            if value is _NOT_CACHED:
-                missed.setdefault(nkey, []).append(i)
+            if nkey in table:
+                out[i] = table[nkey]
             else:
-                touch(nkey)
-                self._hits += 1
-                out[i] = value
+                missed.setdefault(nkey, []).append(i)
         if missed:
             if self._closed:
                 raise StoreClosedError(f"cache {self.cache_name!r} is closed")
@@ -319,7 +293,7 @@ class WriteBackCache(Store):
                     self._loads_found += 1
             for nkey, positions in missed.items():
                 value = values[nkey]
-                if nkey not in self._data:  # an earlier insert of this batch may not have evicted it
+                if nkey not in table:  # an earlier insert of this batch may not have evicted it
                     self._insert(nkey, value)
                 for i in positions:
                     out[i] = value
@@ -329,51 +303,19 @@ class WriteBackCache(Store):
 
     # ------------------------------------------------------------ writes
     def put(self, key: Any, value: Any) -> None:
-        if type(key) is int or type(key) is str:
-            data = self._data
-            if key in data:  # validated when it entered
-                self._touch(key)
-                data[key] = value
-                self._dirty[key] = value
-                if self._after_put:
-                    self._after_update(key, value)
-                return
-        self._put_normalized(normalize_key(key), value)
-
-    def _choose_fast_class(self) -> None:
-        """With the native LRU table, take the class whose get() and put() fit the bounds.
-
-        A class rather than bound methods stored on the instance: those would make a
-        reference cycle, so a dropped cache (and its state) would wait for the cyclic
-        garbage collector.
-        """
-        if self._native_lru:
-            self.__class__ = _CheckedLRUTableCache if self._after_put else _LRUTableCache
-
-    def _put_lru_checked(self, key: Any, value: Any) -> None:
-        """put() with the native LRU table under a byte bound, a manager or watermarks."""
-        if key is self._last or ((type(key) is int or type(key) is str) and key in self._data):
-            self._data[key] = value
+        """Set ``key`` to ``value`` in the cache (dirty until written). O(1) plus any eviction."""
+        # The key of the last get is cached and was validated (an eviction resets _last).
+        if key is self._last or ((type(key) is int or type(key) is str) and key in self._table):
+            self._table[key] = value
             self._dirty[key] = value
-            self._after_update(key, value)
-            return
-        self._put_normalized(normalize_key(key), value)
-
-    def _put_lru(self, key: Any, value: Any) -> None:
-        """put() with the native LRU table when no bound or watermark needs a look after a put."""
-        # The key of the last get is cached and was validated (an eviction resets _last); setting
-        # a cached key also moves it to the front.
-        if key is self._last or ((type(key) is int or type(key) is str) and key in self._data):
-            self._data[key] = value
-            self._dirty[key] = value
+            if self._after_put:
+                self._after_update(key, value)
             return
         self._put_normalized(normalize_key(key), value)
 
     def _put_normalized(self, nkey: NormalizedKey, value: Any) -> None:
-        data = self._data
-        if nkey in data:
-            self._touch(nkey)
-            data[nkey] = value
+        if nkey in self._table:
+            self._table[nkey] = value
             self._dirty[nkey] = value
             if self._after_put:
                 self._after_update(nkey, value)
@@ -387,13 +329,10 @@ class WriteBackCache(Store):
 
     def delete(self, key: Any) -> None:
         nkey = normalize_key(key)
-        data = self._data
-        if nkey in data:
-            # Replace rather than read: a read of the LRU table would count as a hit.
-            known_absent = data.pop(nkey) is MISSING
-            data[nkey] = MISSING
-            self._uncounted += 1
-            self._touch(nkey)
+        if nkey in self._table:
+            # Replace rather than read: a read would count as a hit.
+            known_absent = self._policy.remove(nkey) is MISSING
+            self._policy_insert(nkey, MISSING)
             if known_absent and nkey not in self._dirty:
                 return  # known absent and clean: nothing to delete
             self._dirty[nkey] = MISSING
@@ -446,13 +385,12 @@ class WriteBackCache(Store):
 
     # ------------------------------------------------------------ insertion and eviction
     def _insert(self, nkey: NormalizedKey, value: Any) -> None:
-        self._data[nkey] = value
-        self._policy_insert(nkey)
+        self._policy_insert(nkey, value)
         self._inserts += 1
         self._sample_countdown -= 1
         if self._sample_countdown <= 0 and value is not MISSING:
             self._sample(nkey, value)
-        if len(self._data) > self._capacity:
+        if len(self._table) > self._capacity:
             self._evict_to_fit()
         if self._manager is not None and self._inserts % self._manager.check_every == 0:
             self._manager.maybe_rebalance()
@@ -461,37 +399,30 @@ class WriteBackCache(Store):
         """Sample one entry's size; with a byte bound, the capacity (and watermarks) follow."""
         estimator = self._estimator
         self._sample_countdown = estimator.next_interval()
-        if estimator.sample(nkey, value, self._dumps) and self._max_bytes is not None:
+        if estimator.sample(nkey, value) and self._max_bytes is not None:
             self._recompute_capacity()
             self._evict_to_fit()
             if self._watermarks:
                 self._bound_dirty()  # a smaller capacity lowers the watermarks too
 
     def _evict_to_fit(self) -> None:
-        data = self._data
-        dirty = self._dirty
-        if len(data) <= self._capacity:
+        table = self._table
+        if len(table) <= self._capacity:
             return
+        dirty = self._dirty
         self._last = _NOT_CACHED  # the key of the last get may be a victim
-        native = self._native_lru
-        victim_of = self._policy.victim
-        while len(data) > self._capacity:
-            if native:
-                victim, value = data.popitem()  # the least recent entry
-            else:
-                victim = victim_of()
-                value = data.pop(victim)
+        evict = self._policy.evict
+        while len(table) > self._capacity:
+            victim, value = evict()
             self._evictions += 1
             if victim in dirty:
                 del dirty[victim]
                 try:
                     self._stage(victim, value)
                 except BaseException:
-                    # Keep what was accepted: the entry returns, dirty (as the most recent with the
-                    # native LRU table), and the error surfaces.
-                    data[victim] = value
+                    # Keep what was accepted: the entry returns, dirty, and the error surfaces.
+                    self._policy_insert(victim, value)
                     dirty[victim] = value
-                    self._policy_insert(victim)
                     raise
             if len(dirty) > self._low_n:
                 self._sync(self._sync_step)
@@ -572,7 +503,7 @@ class WriteBackCache(Store):
             self._backend.flush()
 
     def _load(self, nkey: NormalizedKey) -> Any:
-        return self._data[nkey] if nkey in self._data else self._miss(nkey)
+        return self._table[nkey] if nkey in self._table else self._miss(nkey)
 
     def _write(self, items: Iterable[tuple[NormalizedKey, Any]]) -> None:
         for nkey, value in items:
@@ -583,7 +514,7 @@ class WriteBackCache(Store):
 
     def _iter_items(self) -> Iterator[tuple[NormalizedKey, Any]]:
         self._write_out()
-        cached = dict(self._data.items())
+        cached = dict(self._policy.items())
         seen: set[NormalizedKey] = set()
         for nkey, value in self._backend._iter_items():
             if nkey in cached:
@@ -619,11 +550,11 @@ class WriteBackCache(Store):
 
     def __len__(self) -> int:
         """Cached entries (including cached absences), not the size of the backend."""
-        return len(self._data)
+        return len(self._table)
 
     def estimated_bytes(self) -> int:
         """Cached entries times the sampled entry size (see MemoryEstimator)."""
-        return self._estimator.estimate(len(self._data))
+        return self._estimator.estimate(len(self._table))
 
     def rebind(self, backend: Store) -> None:
         """Point a flushed cache at ``backend``: the same store reopened (its contents must be unchanged).
@@ -642,7 +573,7 @@ class WriteBackCache(Store):
 
     def stats(self) -> dict[str, Any]:
         """Counters and gauges: hits, misses, hit_ratio, loads, evictions, dirty, entries, syncs, ..."""
-        hits = self._data.get_stats()[0] - self._uncounted if self._native_lru else self._hits
+        hits = self._policy.hits
         reads = hits + self._misses
         return {
             "hits": hits,
@@ -651,7 +582,7 @@ class WriteBackCache(Store):
             "loads": self._loads_found,
             "evictions": self._evictions,
             "dirty": len(self._dirty),
-            "entries": len(self._data),
+            "entries": len(self._table),
             "syncs": self._syncs,
             "writes": self._writes,
             "write_batches": self._write_batches,
@@ -672,25 +603,12 @@ class WriteBackCache(Store):
         self._closed = True
         if self._manager is not None:
             self._manager.unregister(self)
-        self._data.clear()
+        self._policy.clear()
         self._last = _NOT_CACHED
         self._backend.close()
 
     def __repr__(self) -> str:
         return (
             f"WriteBackCache({self._backend!r}, capacity={self.capacity}, policy={self._policy.name!r}, "
-            f"entries={len(self._data)}, dirty={len(self._dirty)})"
+            f"entries={len(self._table)}, dirty={len(self._dirty)})"
         )
-
-
-class _LRUTableCache(WriteBackCache):
-    """A WriteBackCache with the native LRU table and nothing to check after a put (see _choose_fast_class)."""
-
-    get = WriteBackCache._get_lru  # type: ignore[assignment]
-    put = WriteBackCache._put_lru  # type: ignore[assignment]
-
-
-class _CheckedLRUTableCache(_LRUTableCache):
-    """A WriteBackCache with the native LRU table under a byte bound, a manager or watermarks."""
-
-    put = WriteBackCache._put_lru_checked  # type: ignore[assignment]

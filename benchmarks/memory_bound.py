@@ -1,0 +1,152 @@
+"""Is ``max_bytes`` a bound on memory? RSS growth of a process pushing millions of distinct keys through a cache.
+
+Each configuration runs in a fresh Python process (so one run's heap does
+not hide another's): a ``WriteBackCache(max_bytes=M)`` over a RocksDBStore
+(whose own memory is capped at ``--store-memory``: block cache, memtables and
+index/filter blocks under one cap), then N puts of distinct keys; every
+evicted entry is written to RocksDB. The process's resident set size (RSS)
+is read before the first put and every 20k puts; the table shows the peak
+growth divided by M. Value kinds: small ints, tuples (int, 12-char str,
+float), 10 KB random blobs (N/50 of them: N x 10 KB would not fit the disk).
+The manager row: one ``CacheManager(M)`` over 4 LRU caches, one per table
+of one store (as an operator instance's tables), keys spread over the 4.
+
+Target: peak RSS growth <= 2.0 x max_bytes everywhere. The growth includes
+RocksDB's capped memory, and the cache's own bookkeeping, which a byte bound
+has to count (see state/cache/estimator.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from benchmarks._common import check_target, log, make_parser, print_table, resolve_size, write_record
+
+NAME = "memory_bound"
+RSS_EVERY = 20_000
+BLOB_BYTES = 10 * 1024
+
+
+def _value_maker(kind: str, seed: int) -> Any:
+    rng = random.Random(seed)
+    if kind == "int":
+        return lambda i: i % 1000
+    if kind == "tuple":
+        return lambda i: (i, f"name-{i % 100000:07d}", i * 0.5)
+    if kind == "blob":
+        return lambda i: rng.randbytes(BLOB_BYTES)
+    raise ValueError(f"unknown value kind {kind!r}")
+
+
+def child(config: dict[str, Any]) -> dict[str, Any]:
+    """One configuration, in this (fresh) process: returns the RSS growth and the cache's view of itself."""
+    import gc
+
+    from state import CacheManager, RocksDBStore, WriteBackCache
+    from state.cache import current_rss_bytes
+
+    max_bytes = int(config["max_bytes"])
+    keys = int(config["keys"])
+    make = _value_maker(config["kind"], config["seed"])
+    with tempfile.TemporaryDirectory(prefix="opbuffer-membound-") as tmp:
+        store = RocksDBStore(os.path.join(tmp, "db"), block_cache_bytes=int(config["store_memory"]))
+        manager = None
+        if config["policy"] == "manager":
+            manager = CacheManager(max_bytes, memory_limit=64 << 30)  # no shrinking on pressure: the bound alone
+            caches = [WriteBackCache(store.table(f"t{i}"), policy="lru", manager=manager, name=f"t{i}") for i in range(4)]
+        else:
+            caches = [WriteBackCache(store, max_bytes=max_bytes, policy=config["policy"])]
+        gc.collect()
+        base = peak = current_rss_bytes()
+        started = time.perf_counter()
+        n_caches = len(caches)
+        for i in range(keys):
+            caches[i % n_caches].put(i, make(i))
+            if i % RSS_EVERY == 0:
+                peak = max(peak, current_rss_bytes())
+        peak = max(peak, current_rss_bytes())
+        seconds = time.perf_counter() - started
+        stats = [c.stats() for c in caches]
+        result = {
+            "peak_growth_bytes": peak - base,
+            "end_growth_bytes": current_rss_bytes() - base,
+            "base_rss_bytes": base,
+            "seconds": seconds,
+            "entries": sum(s["entries"] for s in stats),
+            "estimated_bytes": sum(s["estimated_bytes"] for s in stats),
+            "entry_bytes": stats[0]["entry_bytes"],
+            "evictions": sum(s["evictions"] for s in stats),
+        }
+        for c in caches:
+            c.close()
+        if manager is not None:
+            manager.close()
+        store.close()
+    return result
+
+
+def run_config(config: dict[str, Any]) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.memory_bound", "--child", json.dumps(config)],
+        capture_output=True, text=True, check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"configuration {config} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = make_parser(__doc__ or NAME, default_size=5_000_000, quick_size=1_000_000,
+                         size_help="distinct keys per configuration (blob rows: 1/50 of it)")
+    parser.add_argument("--max-bytes", type=int, default=50 << 20, help="the cache's byte bound (default 50 MB)")
+    parser.add_argument("--store-memory", type=int, default=16 << 20,
+                        help="RocksDB's own memory cap, block_cache_bytes (default 16 MB)")
+    parser.add_argument("--policies", default="lru,clock,lfu,manager")
+    parser.add_argument("--kinds", default="int,tuple,blob")
+    parser.add_argument("--child", default=None, help=argparse_suppress())
+    args = parser.parse_args(argv)
+    if args.child is not None:
+        print(json.dumps(child(json.loads(args.child))))
+        return {}
+    started = time.perf_counter()
+    size = resolve_size(args)
+    rows, results, targets = [], {}, []
+    for policy in args.policies.split(","):
+        for kind in args.kinds.split(","):
+            keys = size // 50 if kind == "blob" else size
+            config = {"policy": policy, "kind": kind, "keys": keys, "max_bytes": args.max_bytes,
+                      "store_memory": args.store_memory, "seed": args.seed}
+            log(f"{policy} / {kind}: {keys:,} keys ...")
+            r = run_config(config)
+            ratio = r["peak_growth_bytes"] / args.max_bytes
+            results[f"{policy}/{kind}"] = dict(r, keys=keys, ratio=ratio)
+            rows.append([policy, kind, f"{keys:,}", f"{r['peak_growth_bytes'] / 2**20:.1f}",
+                         f"{r['end_growth_bytes'] / 2**20:.1f}", f"{r['estimated_bytes'] / 2**20:.1f}",
+                         f"{r['entries']:,}", f"{r['seconds']:.1f}", f"{ratio:.2f}"])
+    print_table(["policy", "values", "keys", "peak RSS growth MB", "end growth MB", "cache estimate MB",
+                 "entries", "seconds", "growth / max_bytes"], rows,
+                title=f"{NAME}: max_bytes {args.max_bytes / 2**20:.0f} MB, RocksDB capped at "
+                      f"{args.store_memory / 2**20:.0f} MB, each row a fresh process")
+    for label, r in results.items():
+        targets.append(check_target(f"RSS growth / max_bytes, {label}", r["ratio"], 2.0, at_most=True))
+    write_record(NAME, params={"size": size, "max_bytes": args.max_bytes, "store_memory": args.store_memory,
+                               "policies": args.policies, "kinds": args.kinds},
+                 results=results, targets=targets, out=args.out, started=started)
+    return results
+
+
+def argparse_suppress() -> str:
+    import argparse
+
+    return argparse.SUPPRESS
+
+
+if __name__ == "__main__":
+    main()

@@ -29,6 +29,12 @@ worker threads, overlapping the reads, so RocksDB's own fsync at ingestion is
 cheap); record blocks are kept until they are applied, which is small for
 deltas (and for record-encoded snapshots of small key groups).
 
+With a checkpoint key (the manifest was verified against its signature),
+nothing is read through a memory map or hard-linked: every section and SST
+file is copied first and its checksum computed over the copy, so that a
+writer of the location cannot change bytes between their verification and
+their use.
+
 A damaged, truncated or missing file (task file or SST file) raises
 :class:`CheckpointCorruptError` naming the file and the key group, and leaves
 the stores untouched; other versions that do not reference the damaged file
@@ -184,7 +190,8 @@ def _iter_views(
         by_file[ref.file].append(i)
     for file, positions in by_file.items():
         positions.sort(key=lambda i: refs[i].offset)
-        path = storage.local_path(file)
+        # With a key, bytes are copied before they are verified: a mapped file could change after its check.
+        path = storage.local_path(file) if storage.checkpoint_key is None else None
         if path is None:
             yield from _iter_stream(storage, file, refs, positions)
             continue
@@ -380,7 +387,7 @@ def restore(
         for n, use in enumerate(sst_uses.values()):
             total_bytes += use.ref.size
             path = os.path.join(tmp, f"f{n}.sst")
-            local = storage.local_path(use.ref.name)
+            local = storage.local_path(use.ref.name) if storage.checkpoint_key is None else None
             if local is not None:
                 view = _verified_sst_file(local, use)
                 try:

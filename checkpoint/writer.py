@@ -43,6 +43,7 @@ import os
 import shutil
 import tempfile
 import time
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
@@ -51,7 +52,7 @@ from rocksdict import Options, SstFileWriter
 
 from state import RocksDBStore
 
-from .errors import CheckpointError, VersionExistsError
+from .errors import CheckpointError, RetentionWarning, VersionExistsError
 from .format import (
     DELTA,
     RECORDS,
@@ -506,19 +507,28 @@ def commit(
         reports: the reports of every task of the version (``TaskReport`` or its ``to_dict()``).
         metadata: free-form JSON-able data kept in the manifest (watermark, batch time, ...).
         retain: then apply :func:`apply_retention` keeping this many versions (None: keep everything).
+            Should retention fail (say, an older manifest is damaged), the version
+            stays committed: a :class:`RetentionWarning` says why, and the next
+            commit tries again.
         max_parallelism: only needed for a first version without reports.
 
     Returns the committed manifest. Raises VersionExistsError when ``version``
     (or a newer one) is already committed (a re-run of a committed batch: its
-    recomputed files are orphans that retention deletes later), and
-    CheckpointError when a report does not fit or a reported file is missing;
-    nothing is committed then.
+    recomputed files are orphans that retention deletes later) or was set
+    aside (version numbers are never reused), and CheckpointError when a
+    report does not fit or a reported file is missing; nothing is committed then.
     """
     storage = CheckpointStorage.of(storage)
     parsed = [r if isinstance(r, TaskReport) else TaskReport.from_dict(r) for r in reports]
     latest = storage.latest_version()
     if latest is not None and latest >= version:
         raise VersionExistsError(f"cannot commit version {version}: version {latest} is already committed")
+    set_aside = storage.set_aside_versions()
+    if set_aside and set_aside[-1] >= version:
+        raise VersionExistsError(
+            f"cannot commit version {version}: version {set_aside[-1]} was committed and then set aside "
+            "(a runner started from an older version); version numbers are never reused"
+        )
     previous = storage.read_manifest(latest) if latest is not None else None
     manifest = Manifest.build(previous, version, parsed, metadata, max_parallelism=max_parallelism)
     for report in parsed:
@@ -529,7 +539,15 @@ def commit(
                 raise CheckpointError(f"task {report.task!r} reported the SST file {name!r}, which does not exist")
     storage.write_manifest(manifest)
     if retain is not None:
-        apply_retention(storage, retain)
+        try:
+            apply_retention(storage, retain)
+        except Exception as exc:  # the version is committed: its batch must not fail now
+            warnings.warn(
+                f"version {version} is committed in {storage.location!r}, but retention failed: {exc!r}; "
+                "retention is tried again after the next commit",
+                RetentionWarning,
+                stacklevel=2,
+            )
     return manifest
 
 
@@ -539,13 +557,19 @@ def apply_retention(storage: CheckpointStorage | str | os.PathLike[str], retain:
     Manifests go first, then files, so a crash in between leaves orphans, never
     a manifest with missing files. Files of versions newer than the newest
     committed one (tasks still writing) are never touched; files of failed or
-    superseded attempts of older versions are. Returns what was deleted.
+    superseded attempts of older versions are. Processing-time records
+    (``batches/``) of versions older than the oldest kept one go too, and so
+    do set-aside manifests of versions below the newest (their numbers can no
+    longer be committed; their files are unreferenced). Returns what was deleted.
+
+    Raises CheckpointCorruptError when a kept manifest cannot be read; then no
+    file is deleted (which files it needs is unknown).
     """
     if isinstance(retain, bool) or not isinstance(retain, int) or retain < 1:
         raise ValueError(f"retain must be an int >= 1, got {retain!r}")
     storage = CheckpointStorage.of(storage)
     versions = storage.versions()
-    deleted: dict[str, list] = {"manifests": [], "files": []}
+    deleted: dict[str, list] = {"manifests": [], "files": [], "set_aside": [], "batch_records": []}
     if not versions:
         return deleted
     newest = versions[-1]
@@ -565,4 +589,12 @@ def apply_retention(storage: CheckpointStorage | str | os.PathLike[str], retain:
     for path, v in storage.temp_manifests():
         if v <= newest:
             storage.delete(path)
+    for path, v in storage.set_aside_manifests():
+        if v < newest:
+            storage.delete(path)
+            deleted["set_aside"].append(v)
+    for path, v in storage.batch_records():
+        if v < keep[0]:
+            storage.delete(path)
+            deleted["batch_records"].append(path)
     return deleted

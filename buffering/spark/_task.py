@@ -20,13 +20,13 @@ import shutil
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
 import numpy as np
 import pandas as pd
 
-from checkpoint import CheckpointStorage, Manifest
+from checkpoint import CheckpointCorruptError, CheckpointStorage, Manifest
 from state.base import StoreLockedError
 from state.group_state import NO_TIMESTAMP, GroupStateTimeout
 from state.keys import normalize_key
@@ -78,6 +78,8 @@ class TaskPlan:
     sink_dir: Optional[str] = None
     #: The Arrow schema of the output rows (with sink_dir).
     sink_schema: Any = None
+    #: The key manifests are verified against (the driver's); kept out of repr, so out of any log line.
+    checkpoint_key: Optional[bytes] = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -164,7 +166,7 @@ def combine_partition(plan: TaskPlan, context: BatchContext, batches: Iterator[p
 
 
 def _storage(plan: TaskPlan) -> CheckpointStorage:
-    return CheckpointStorage.of(plan.location, **plan.storage_options)
+    return CheckpointStorage.of(plan.location, storage_options=plan.storage_options, checkpoint_key=plan.checkpoint_key)
 
 
 def _manifest(plan: TaskPlan, storage: CheckpointStorage, version: int) -> Manifest:
@@ -271,7 +273,10 @@ def _instance(plan: TaskPlan, storage: CheckpointStorage, index: int, context: B
         _drop_live(other)
     instance = _new_instance(plan, storage, index, os.path.join(directory, f"db-{uuid.uuid4().hex}"), fresh=True)
     if context.previous_version is not None:
-        instance.restore(_manifest(plan, storage, context.previous_version))
+        try:
+            instance.restore(_manifest(plan, storage, context.previous_version))
+        except CheckpointCorruptError as exc:
+            raise storage.way_back_error(exc, context.previous_version) from exc
     _LIVE[key] = _Live(instance, None)
     return instance
 

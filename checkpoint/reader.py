@@ -44,6 +44,7 @@ stay restorable. An SST file hard-linked into a store is never written to
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import os
 import shutil
@@ -57,7 +58,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from state import RocksDBStore
 
-from .errors import CheckpointCorruptError, CheckpointError
+from .errors import CheckpointCorruptError, CheckpointError, CheckpointTrustError
 from .format import (
     DELTA,
     SNAPSHOT,
@@ -162,12 +163,26 @@ def _corrupt_truncated(file: str, ref: SectionRef, got: int) -> CheckpointCorrup
 def _check(file: str, ref: SectionRef, data: bytes | memoryview) -> None:
     if len(data) != ref.length:
         raise _corrupt_truncated(file, ref, len(data))
-    if checksum(data) != ref.checksum:
+    if checksum(data) != ref.checksum or (ref.digest and hashlib.sha256(data).hexdigest() != ref.digest):
         raise CheckpointCorruptError(
             f"checksum mismatch in checkpoint file {file!r}: the {ref.kind} section of key group "
             f"{ref.key_group} (bytes {ref.offset}..{ref.offset + ref.length}) is corrupt",
             file=file, key_group=ref.key_group,
         )
+
+
+def _check_digests(storage: CheckpointStorage, refs: Sequence[SectionRef]) -> None:
+    """With a checkpoint key, every section (and SST file) must have a SHA-256 digest in the signed manifest:
+    a plain xxh64 checksum can be forged, so without one the signature would not vouch for the bytes."""
+    if storage.checkpoint_key is None:
+        return
+    for ref in refs:
+        if not ref.digest or len(ref.sst_digests) != len(ref.sst_files):
+            raise CheckpointTrustError(
+                f"the {ref.kind} section of key group {ref.key_group} in {ref.file!r} has no SHA-256 digest in "
+                "its manifest, and a checkpoint key is set: refused (it was written without the key)",
+                file=ref.file, key_group=ref.key_group,
+            )
 
 
 def _missing(storage: CheckpointStorage, file: str, key_group: int) -> CheckpointCorruptError:
@@ -244,6 +259,7 @@ def verify_sections(storage: CheckpointStorage, refs: Sequence[SectionRef]) -> i
 
     Returns the bytes read.
     """
+    _check_digests(storage, refs)
     total = 0
     uses: dict[tuple[str, str], _SstFileUse] = {}
     for _, ref, data in iter_sections(storage, refs):
@@ -326,6 +342,7 @@ def restore(
 
     positions = [pos for g in key_groups for pos in range(len(manifest.chain(g)))]
     refs: list[SectionRef] = [ref for g in key_groups for ref in manifest.chain(g)]
+    _check_digests(storage, refs)
     in_flight: deque[Future] = deque()
 
     def stage(path: str, payload: bytes | memoryview) -> None:
@@ -493,6 +510,12 @@ class _SstFileUse:
         """Every key group in the file is wanted (from this very file): ingest it as it is."""
         return sorted(self.wanted) == list(self.ref.key_groups)
 
+    @property
+    def digest(self) -> str:
+        """The SHA-256 the referencing section's manifest entry gives the file ("" when written without a key)."""
+        files, digests = self.section.sst_files, self.section.sst_digests
+        return digests[files.index(self.ref.name)] if digests and self.ref.name in files else ""
+
     def corrupt(self, why: str) -> CheckpointCorruptError:
         g = min(self.wanted)
         groups = self.ref.key_groups
@@ -514,7 +537,7 @@ def _verified_sst_file(path: str, use: _SstFileUse) -> memoryview:
         if size != use.ref.size:
             raise use.corrupt(f"is truncated or damaged: it has {size} bytes, the checkpoint wrote {use.ref.size}")
         view = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)) if size else memoryview(b"")
-    if file_checksum(view) != use.ref.checksum:
+    if file_checksum(view) != use.ref.checksum or (use.digest and hashlib.sha256(view).hexdigest() != use.digest):
         raise use.corrupt("is corrupt (checksum mismatch)")
     return view
 
@@ -522,6 +545,8 @@ def _verified_sst_file(path: str, use: _SstFileUse) -> memoryview:
 def _copy_verified(storage: CheckpointStorage, use: _SstFileUse, path: str | None) -> None:
     """Read an SST file (to ``path``, fdatasync'ed, unless None), verifying its size and checksum."""
     hasher = file_hasher()
+    digest = use.digest
+    sha = hashlib.sha256() if digest else None
     size = 0
     try:
         stream = storage.open_read(use.ref.name)
@@ -533,12 +558,14 @@ def _copy_verified(storage: CheckpointStorage, use: _SstFileUse, path: str | Non
             if not chunk:
                 break
             hasher.update(chunk)
+            if sha is not None:
+                sha.update(chunk)
             if out is not None:
                 out.write(chunk)
             size += len(chunk)
         if size != use.ref.size:
             raise use.corrupt(f"is truncated or damaged: it has {size} bytes, the checkpoint wrote {use.ref.size}")
-        if hasher.intdigest() != use.ref.checksum:
+        if hasher.intdigest() != use.ref.checksum or (sha is not None and sha.hexdigest() != digest):
             raise use.corrupt("is corrupt (checksum mismatch)")
         if out is not None:
             out.flush()

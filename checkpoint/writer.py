@@ -39,6 +39,7 @@ since the restore.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -169,6 +170,7 @@ class CheckpointWriter:
         self.sst_min_entries = sst_min_entries
         self.sst_key_groups = sst_key_groups
         self.tmp_dir = os.fspath(tmp_dir) if tmp_dir is not None else None
+        self._sst_digests: dict[str, str] = {}  # SST file -> SHA-256, with a checkpoint key
 
     # ------------------------------------------------------------ the one entry point
     def write(
@@ -196,6 +198,7 @@ class CheckpointWriter:
         Nothing is written (``report.file is None``) when no owned key group changed.
         """
         started = time.perf_counter()
+        self._sst_digests.clear()
         if not tables:
             raise ValueError("tables must name at least one table")
         mp = self.max_parallelism
@@ -308,8 +311,10 @@ class CheckpointWriter:
                 while i < len(groups):
                     g = groups[i]
                     if g not in snapshots:
-                        entry = out.add_section(g, DELTA, delta_section(g))
-                        refs.append(SectionRef(g, DELTA, path, entry.offset, entry.length, entry.checksum))
+                        data = delta_section(g)
+                        entry = out.add_section(g, DELTA, data)
+                        refs.append(SectionRef(g, DELTA, path, entry.offset, entry.length, entry.checksum,
+                                               digest=self._digest(data)))
                         records += sum(len(changed[g].get(n, ())) for n in names)
                         i += 1
                         continue
@@ -324,8 +329,11 @@ class CheckpointWriter:
                             run.append(groups[i + len(run)])
                     for snapshot in self._snapshot_run(run, tables, names, tmp, path, sst_files):
                         entry = out.add_section(snapshot.key_group, SNAPSHOT, snapshot.data)
-                        refs.append(SectionRef(snapshot.key_group, SNAPSHOT, path, entry.offset, entry.length,
-                                               entry.checksum, snapshot.sst_files, snapshot.sst_bytes))
+                        refs.append(SectionRef(
+                            snapshot.key_group, SNAPSHOT, path, entry.offset, entry.length, entry.checksum,
+                            snapshot.sst_files, snapshot.sst_bytes, self._digest(snapshot.data),
+                            tuple(self._sst_digests[f] for f in snapshot.sst_files) if self._keyed else (),
+                        ))
                         records += snapshot.count
                     i += len(run)
                 size = out.finish()
@@ -338,6 +346,14 @@ class CheckpointWriter:
             shutil.rmtree(tmp, ignore_errors=True)
         return TaskReport(file=path, sections=tuple(refs), bytes=size + sum(sst_files.values()), records=records,
                           seconds=time.perf_counter() - started, **report_args)
+
+    @property
+    def _keyed(self) -> bool:
+        """With a checkpoint key, sections and SST files get SHA-256 digests (see SectionRef)."""
+        return self.storage.checkpoint_key is not None
+
+    def _digest(self, data: bytes) -> str:
+        return hashlib.sha256(data).hexdigest() if self._keyed else ""
 
     # ------------------------------------------------------------ snapshots
     def _snapshot_run(
@@ -452,8 +468,12 @@ class CheckpointWriter:
         return (SstFileRef(name, size, crc, tuple(in_file)), raw_bytes), per_group
 
     def _publish(self, local: str, name: str) -> tuple[int, int]:
-        """Copy a built SST file to ``name`` in the checkpoint location; returns its size and checksum."""
+        """Copy a built SST file to ``name`` in the checkpoint location; returns its size and checksum.
+
+        With a checkpoint key its SHA-256 goes to ``self._sst_digests[name]``.
+        """
         hasher = file_hasher()
+        sha = hashlib.sha256() if self._keyed else None
         size = 0
         with open(local, "rb") as src, self.storage.open_write(name) as dst:
             while True:
@@ -461,8 +481,12 @@ class CheckpointWriter:
                 if not chunk:
                     break
                 hasher.update(chunk)
+                if sha is not None:
+                    sha.update(chunk)
                 dst.write(chunk)
                 size += len(chunk)
+        if sha is not None:
+            self._sst_digests[name] = sha.hexdigest()
         return size, hasher.intdigest()
 
 

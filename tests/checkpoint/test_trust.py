@@ -194,3 +194,87 @@ def test_a_trust_error_is_a_corrupt_checkpoint_error_naming_the_file(crafted):
     with pytest.raises(CheckpointCorruptError) as info:
         CheckpointStorage(storage.location, checkpoint_key=KEY).read_manifest(1)
     assert info.value.file == manifest_path(1)
+
+
+# ---------------------------------------------------------------- SHA-256 digests of sections and SST files
+def _keyed_version(tmp_path, make_tables, **kwargs):
+    storage = CheckpointStorage(tmp_path / "ckpt", checkpoint_key=KEY)
+    tables = make_tables(max_parallelism=8, track=True)
+    tables["state"].put_many(((i,), i) for i in range(5_000))
+    return storage, checkpoint_version(storage, 1, tables, **kwargs)
+
+
+def test_with_a_key_every_section_and_sst_file_has_a_sha256_digest_in_the_manifest(tmp_path, make_tables):
+    storage, manifest = _keyed_version(tmp_path, make_tables, sst_min_entries=10)
+    refs = [ref for chain in manifest.chains.values() for ref in chain]
+    assert refs and all(len(ref.digest) == 64 for ref in refs)
+    assert any(ref.sst_files for ref in refs)
+    assert all(len(ref.sst_digests) == len(ref.sst_files) for ref in refs)
+    assert storage.read_manifest(1).chains == manifest.chains  # the digests survive the manifest's JSON
+
+
+def test_with_a_key_a_section_whose_xxh64_was_forged_is_refused(tmp_path, make_tables, monkeypatch):
+    """xxh64 is no defence against a forger (it can be matched at will); the SHA-256 digest is."""
+    import checkpoint.reader as reader
+
+    storage, manifest = _keyed_version(tmp_path, make_tables, snapshot_encoding="records")
+    g = sorted(manifest.chains)[0]
+    ref = manifest.chain(g)[0]
+    with open(_path(storage, ref.file), "r+b") as f:
+        f.seek(ref.offset + ref.length - 1)
+        byte = f.read(1)
+        f.seek(ref.offset + ref.length - 1)
+        f.write(bytes([byte[0] ^ 0x01]))
+    monkeypatch.setattr(reader, "checksum", lambda data: ref.checksum)  # the forger matched the xxh64
+    with pytest.raises(CheckpointCorruptError, match="checksum mismatch") as info:
+        restore(storage, 1, range(g, g + 1), make_tables(max_parallelism=8))
+    assert info.value.file == ref.file and info.value.key_group == g
+
+
+def test_with_a_key_an_sst_file_whose_xxh3_was_forged_is_refused(tmp_path, make_tables, monkeypatch):
+    import checkpoint.reader as reader
+
+    storage, manifest = _keyed_version(tmp_path, make_tables, sst_min_entries=10)
+    name = next(f for chain in manifest.chains.values() for ref in chain for f in ref.sst_files)
+    with open(_path(storage, name), "r+b") as f:
+        f.seek(100)
+        byte = f.read(1)
+        f.seek(100)
+        f.write(bytes([byte[0] ^ 0x01]))
+
+    class Forged:  # the forger matched the file's xxh3
+        def __init__(self):
+            self.checksum = None
+
+        def update(self, chunk):
+            pass
+
+        def intdigest(self):
+            return self.checksum
+
+    forged = Forged()
+    real_copy = reader._copy_verified
+
+    def copy(storage_, use, path):
+        forged.checksum = use.ref.checksum
+        return real_copy(storage_, use, path)
+
+    monkeypatch.setattr(reader, "file_hasher", lambda: forged)
+    monkeypatch.setattr(reader, "_copy_verified", copy)
+    with pytest.raises(CheckpointCorruptError, match="checksum mismatch") as info:
+        restore(storage, 1, range(8), make_tables(max_parallelism=8))
+    assert info.value.file == name
+
+
+def test_with_a_key_a_section_written_without_the_key_is_refused(tmp_path, make_tables):
+    from checkpoint import CheckpointWriter, commit
+
+    unkeyed = CheckpointStorage(tmp_path / "ckpt")
+    keyed = CheckpointStorage(tmp_path / "ckpt", checkpoint_key=KEY)
+    tables = make_tables(max_parallelism=8, track=True)
+    tables["state"].put_many(((i,), i) for i in range(20))
+    report = CheckpointWriter(unkeyed, key_groups=range(8), task="t0").write(1, tables, None, None)
+    commit(keyed, 1, [report])  # signed, but the sections carry no digest
+    with pytest.raises(CheckpointTrustError, match="no SHA-256 digest") as info:
+        restore(keyed, 1, range(8), make_tables(max_parallelism=8))
+    assert info.value.file == report.file

@@ -100,7 +100,7 @@ class _Live:
 
 
 _LIVE: dict[tuple[str, str, int, int], _Live] = {}
-_MANIFESTS: dict[tuple[str, int], Manifest] = {}
+_MANIFESTS: dict[tuple[str, int, Optional[bytes]], Manifest] = {}
 
 
 def _event_ms(column: pd.Series) -> np.ndarray:
@@ -170,9 +170,10 @@ def _storage(plan: TaskPlan) -> CheckpointStorage:
 
 
 def _manifest(plan: TaskPlan, storage: CheckpointStorage, version: int) -> Manifest:
-    cached = _MANIFESTS.get((plan.location, version))
+    key = (plan.location, version, plan.checkpoint_key)  # a manifest verified with one key is not with another
+    cached = _MANIFESTS.get(key)
     if cached is None:
-        cached = _MANIFESTS[(plan.location, version)] = storage.read_manifest(version)
+        cached = _MANIFESTS[key] = storage.read_manifest(version)
         if len(_MANIFESTS) > 16:
             _MANIFESTS.pop(next(iter(_MANIFESTS)))
     return cached

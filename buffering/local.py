@@ -85,9 +85,10 @@ class LocalRunner:
         clock: processing time in ms (default: wall clock); inject one in tests.
         key_types: Spark types of the key columns (default: from the first batch's dtypes).
         start_version: start from this retained version instead of the latest (a way
-            back, e.g. when the latest is damaged). The versions after it are set aside
-            (see ``CheckpointStorage.start``) and version numbers are never reused: the
-            next batch commits the version after the highest one ever committed.
+            back, e.g. when the latest is damaged). Once it is restored, the versions
+            after it are set aside (``CheckpointStorage.set_aside_after``); version
+            numbers are never reused: the next batch commits the version after the
+            highest one ever committed.
         checkpoint_key: sign manifests with this key and refuse any that is unsigned or
             signed with another key, before anything is unpickled (default:
             ``$OPBUFFER_CHECKPOINT_KEY`` when set). See the README on trust.
@@ -164,6 +165,8 @@ class LocalRunner:
                     )
             if self.key_types is not None:
                 self._start_instances()
+            if start_version is not None:  # only once the start version fits and (key types known) restored
+                self.storage.set_aside_after(start_version)
 
     # ------------------------------------------------------------ instances
     def _start_instances(self) -> None:

@@ -452,7 +452,7 @@ class CheckpointStorage:
 
     # ------------------------------------------------------------ starting from a version
     def set_aside_manifests(self) -> list[tuple[str, int]]:
-        """``(path, version)`` of the manifests set aside by :meth:`start`, by version."""
+        """``(path, version)`` of the manifests set aside by :meth:`set_aside_after`, by version."""
         out = []
         for name in self._fs.listdir(SET_ASIDE_DIR):
             match = _SET_ASIDE_RE.match(name)
@@ -461,7 +461,7 @@ class CheckpointStorage:
         return sorted(out, key=lambda item: item[1])
 
     def set_aside_versions(self) -> list[int]:
-        """Versions set aside by :meth:`start`, ascending."""
+        """Versions set aside by :meth:`set_aside_after`, ascending."""
         return [v for _, v in self.set_aside_manifests()]
 
     def highest_version(self) -> int | None:
@@ -473,23 +473,14 @@ class CheckpointStorage:
         return max(versions) if versions else None
 
     def start(self, start_version: int | None = None) -> Manifest | None:
-        """The manifest a runner starts from: the latest one, or ``start_version`` (a way back).
+        """The manifest a runner starts from, read and verified: the latest one, or ``start_version`` (a way back).
 
-        With ``start_version`` N, N's manifest is read and verified first; then
-        every committed version after N is set aside: its manifest moves to
-        ``manifests/set-aside/`` (newest first, so a crash part way leaves a
-        location whose latest version is still one of them, or N), where
-        ``inspect`` cannot see it and retention deletes it and its files once a
-        newer version is committed. Version numbers are never reused (the next
-        version is above every set-aside one), so nothing keyed by a version
-        (an executor's working store "at version V", a cached manifest, the
-        recorded processing time of batch V, a sink's output of batch V) can
-        mistake a new version for an abandoned one. Versions before N are
-        untouched, so an even older start stays possible.
+        Nothing is changed here: a runner that starts from an older version
+        checks that it fits, then calls :meth:`set_aside_after`.
 
-        Raises CheckpointNotFoundError when N is not committed (naming the
-        retained versions) and, for a damaged version, the error of
-        :meth:`way_back_error`.
+        Raises CheckpointNotFoundError when ``start_version`` is not committed
+        (naming the retained versions) and, for a damaged version, the error
+        of :meth:`way_back_error`.
         """
         if start_version is None:
             latest = self.latest_version()
@@ -508,15 +499,30 @@ class CheckpointStorage:
                 f"retained versions: {versions}"
             )
         try:
-            manifest = self.read_manifest(start_version)
+            return self.read_manifest(start_version)
         except CheckpointCorruptError as exc:
             raise self.way_back_error(exc, start_version) from exc
-        later = [v for v in versions if v > start_version]
+
+    def set_aside_after(self, version: int) -> list[int]:
+        """Set aside every committed version after ``version``; returns them.
+
+        Their manifests move to ``manifests/set-aside/`` (newest first, so a
+        crash part way leaves a location whose latest version is one of them,
+        or ``version``), where ``inspect`` cannot see them and retention
+        deletes them and their files once a newer version is committed.
+        Version numbers are never reused (:meth:`highest_version`; ``commit``
+        refuses a number at or below a set-aside one), so nothing keyed by a
+        version (an executor's working store "at version V", a cached
+        manifest, the recorded processing time of batch V, a sink's output of
+        batch V) can mistake a new version for an abandoned one. Versions
+        before ``version`` are untouched, so an even older start stays possible.
+        """
+        later = [v for v in self.versions() if v > _check_version(version)]
         if later:
             self._fs.makedirs(SET_ASIDE_DIR)
             for v in reversed(later):
                 self._fs.move(manifest_path(v), f"{SET_ASIDE_DIR}/v{v:010d}-{uuid.uuid4().hex[:16]}.json")
-        return manifest
+        return later
 
     def way_back_error(self, exc: CheckpointCorruptError, version: int) -> CheckpointCorruptError:
         """``exc`` (version ``version`` cannot be restored) with how to start from an older retained version."""

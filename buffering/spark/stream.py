@@ -232,6 +232,8 @@ class StreamRunner:
         types = manifest.metadata.get("key_types")
         if types is not None and tuple(types) != self.key_types:
             raise ValueError(f"checkpoint {self.storage!r} was written for key types {types}, not {list(self.key_types)}")
+        if start_version is not None:  # the next batch builds on it: its context must not see later versions
+            self.storage.set_aside_after(start_version)
 
     @staticmethod
     def _with_report(schema: Any) -> Any:
@@ -505,7 +507,7 @@ def run_stream(
         on_batch: called on the driver with each batch's :class:`BatchMetrics`.
         start_version: start from this retained version instead of the latest (a way
             back, e.g. when the latest is damaged). The versions after it are set aside
-            (``CheckpointStorage.start``); the next batch builds on it. Spark's own
+            (``CheckpointStorage.set_aside_after``); the next batch builds on it. Spark's own
             offsets are not moved: the rows of the set-aside batches are not processed
             again unless Spark's checkpoint is reset too.
         checkpoint_key: sign manifests with this key and refuse unsigned or wrongly

@@ -157,6 +157,24 @@ def test_a_damaged_start_version_sets_nothing_aside(five_versions):
     assert CheckpointStorage(location).versions() == [2, 3, 4]
 
 
+def test_a_start_version_whose_data_file_is_damaged_sets_nothing_aside(five_versions):
+    location, _ = five_versions
+    storage = CheckpointStorage(location)
+    ref = next(ref for chain in storage.read_manifest(3).chains.values() for ref in chain
+               if ref.file.startswith("data/v0000000003"))
+    flip(os.path.join(location, *ref.file.split("/")), ref.offset + ref.length // 2)
+    with pytest.raises(CheckpointCorruptError, match=ref.file):
+        new_runner(location, start_version=3)
+    assert storage.versions() == [2, 3, 4] and storage.set_aside_versions() == []
+
+
+def test_a_start_version_that_does_not_fit_the_runner_sets_nothing_aside(five_versions):
+    location, _ = five_versions
+    with pytest.raises(ValueError, match="max_parallelism"):
+        new_runner(location, start_version=3, max_parallelism=64)
+    assert CheckpointStorage(location).versions() == [2, 3, 4]
+
+
 def test_start_version_needs_a_checkpoint_location():
     with pytest.raises(ValueError, match="start_version"):
         LocalRunner(count_sum, key="k", start_version=1)

@@ -10,14 +10,13 @@ exactly the output and state of an uninterrupted run.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
-from checkpoint import CheckpointStorage, Manifest, commit
+from checkpoint import CheckpointCorruptError, CheckpointStorage, Manifest, commit
 from state.group_state import NO_TIMESTAMP, GroupStateTimeout, timeout_conf
 from state.keygroups import DEFAULT_MAX_PARALLELISM, check_max_parallelism, key_group_from_hash, operator_indexes
 from state.keys import key_groups_of_longs, normalize_key, normalize_types, spark_hash
@@ -77,6 +76,14 @@ class LocalRunner:
         watermark_delay_ms: allowed lateness: watermark = max event time - delay.
         clock: processing time in ms (default: wall clock); inject one in tests.
         key_types: Spark types of the key columns (default: from the first batch's dtypes).
+        start_version: start from this retained version instead of the latest (a way
+            back, e.g. when the latest is damaged). Once it is restored, the versions
+            after it are set aside (``CheckpointStorage.set_aside_after``); version
+            numbers are never reused: the next batch commits the version after the
+            highest one ever committed.
+        checkpoint_key: sign manifests with this key and refuse any that is unsigned or
+            signed with another key, before anything is unpickled (default:
+            ``$OPBUFFER_CHECKPOINT_KEY`` when set). See the README on trust.
     """
 
     def __init__(
@@ -92,6 +99,8 @@ class LocalRunner:
         watermark_delay_ms: int = 0,
         clock: Optional[Clock] = None,
         key_types: Optional[Iterable[Any]] = None,
+        start_version: Optional[int] = None,
+        checkpoint_key: str | bytes | None = None,
     ) -> None:
         self.spec = spec_of(fn)
         if self.spec.function is None and self.spec.aggregations is None:
@@ -115,18 +124,24 @@ class LocalRunner:
         self.clock: Clock = clock if clock is not None else (lambda: int(time.time() * 1000))
         self._time_offset_ms = 0
         self.key_types = normalize_types(key_types)
-        self.storage = CheckpointStorage.of(checkpoint_location) if checkpoint_location is not None else None
+        if checkpoint_location is None and (start_version is not None or checkpoint_key is not None):
+            raise ValueError("start_version= and checkpoint_key= need a checkpoint_location")
+        self.storage = (
+            CheckpointStorage.of(checkpoint_location, checkpoint_key=checkpoint_key)
+            if checkpoint_location is not None else None
+        )
         self.version: Optional[int] = None
+        self._highest_version: Optional[int] = None  # of every version ever committed, set-aside ones too
         self._max_event_time_ms = NO_TIMESTAMP
         self._manifest: Optional[Manifest] = None
         self._instances: Optional[list[OperatorInstance]] = None
         self._closed = False
         self.last_batch_stats: dict[str, Any] = {}
         if self.storage is not None:
-            latest = self.storage.latest_version()
-            if latest is not None:
-                self._manifest = self.storage.read_manifest(latest)
-                self.version = latest
+            self._manifest = self.storage.start(start_version)
+            self._highest_version = self.storage.highest_version()
+            if self._manifest is not None:
+                self.version = self._manifest.version
                 meta = dict(self._manifest.metadata)
                 self._max_event_time_ms = int(meta.get("max_event_time_ms", NO_TIMESTAMP))
                 self._time_offset_ms = int(meta.get("time_offset_ms", 0))
@@ -142,6 +157,8 @@ class LocalRunner:
                     )
             if self.key_types is not None:
                 self._start_instances()
+            if start_version is not None:  # only once the start version fits and (key types known) restored
+                self.storage.set_aside_after(start_version)
 
     # ------------------------------------------------------------ instances
     def _start_instances(self) -> None:
@@ -161,8 +178,12 @@ class LocalRunner:
             for i in range(self.parallelism)
         ]
         if self._manifest is not None:
+            assert self.storage is not None
             for instance in self._instances:
-                instance.restore(self._manifest)
+                try:
+                    instance.restore(self._manifest)
+                except CheckpointCorruptError as exc:
+                    raise self.storage.way_back_error(exc, self._manifest.version) from exc
 
     @property
     def instances(self) -> list[OperatorInstance]:
@@ -184,12 +205,11 @@ class LocalRunner:
         """Chosen once per batch and recorded before it runs, so a retry makes the same decisions."""
         if self.storage is None:
             return self.clock() + self._time_offset_ms
-        path = f"batches/v{version:010d}.json"
-        recorded = self.storage.read_small_file(path)
+        recorded = self.storage.processing_time(version)
         if recorded is not None:
-            return int(json.loads(recorded)["processing_time_ms"])
-        now = self.clock() + self._time_offset_ms
-        self.storage.write_small_file(path, json.dumps({"processing_time_ms": now}).encode())
+            return recorded
+        now = int(self.clock() + self._time_offset_ms)
+        self.storage.record_processing_time(version, now)
         return now
 
     def process(self, pdf: pd.DataFrame) -> pd.DataFrame:
@@ -219,7 +239,7 @@ class LocalRunner:
         return self._run_batch(None)
 
     def _run_batch(self, pdf: Optional[pd.DataFrame]) -> pd.DataFrame:
-        version = 0 if self.version is None else self.version + 1
+        version = self._next_version()
         started = time.perf_counter()
         processing_time = self._processing_time(version)
         watermark = self.watermark_ms
@@ -292,6 +312,11 @@ class LocalRunner:
         }
         return out
 
+    def _next_version(self) -> int:
+        """After the restored version and above every version ever committed (numbers are never reused)."""
+        candidates = [v + 1 for v in (self.version, self._highest_version) if v is not None]
+        return max(candidates, default=0)
+
     def _reopen_if_closed(self) -> None:
         """After close(): resume from the checkpoint, or refuse when there is none (the state is gone)."""
         if not self._closed:
@@ -299,9 +324,9 @@ class LocalRunner:
         if self.storage is None:
             raise RuntimeError("this LocalRunner is closed and had no checkpoint location: its state is gone")
         self._closed = False
-        latest = self.storage.latest_version()
-        self._manifest = self.storage.read_manifest(latest) if latest is not None else None
-        self.version = latest
+        self._manifest = self.storage.start()
+        self._highest_version = self.storage.highest_version()
+        self.version = self._manifest.version if self._manifest is not None else None
         if self.key_types is not None:
             self._start_instances()
 

@@ -23,11 +23,18 @@ prints what a location holds.
 """
 
 from .debug import describe, format_description, read_state
-from .errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError, VersionExistsError
+from .errors import (
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointNotFoundError,
+    CheckpointTrustError,
+    RetentionWarning,
+    VersionExistsError,
+)
 from .format import DELTA, FORMAT_VERSION, RECORDS, SNAPSHOT, SST
 from .manifest import Manifest, SectionRef, TaskReport
 from .reader import RestoreReport, restore
-from .storage import CheckpointStorage
+from .storage import KEY_ENV, CheckpointStorage
 from .writer import (
     DEFAULT_MAX_CHAIN,
     DEFAULT_MAX_DELTA_RATIO,
@@ -54,6 +61,9 @@ __all__ = [
     "CheckpointError",
     "CheckpointNotFoundError",
     "CheckpointStorage",
+    "CheckpointTrustError",
+    "KEY_ENV",
+    "RetentionWarning",
     "CheckpointWriter",
     "Manifest",
     "RestoreReport",

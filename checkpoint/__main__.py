@@ -1,4 +1,10 @@
-"""``python -m checkpoint inspect LOCATION [--version N] [--verify] [--json] [--no-key-groups]``."""
+"""``python -m checkpoint inspect LOCATION [--version N] [--verify] [--json] [--no-key-groups] [--checkpoint-key-file F]``.
+
+The checkpoint key comes from ``--checkpoint-key-file`` (the file's bytes, one
+trailing newline stripped) or from ``$OPBUFFER_CHECKPOINT_KEY``; there is no
+option taking the key itself, since a command line is visible to every user
+of the machine (``ps``).
+"""
 
 from __future__ import annotations
 
@@ -21,10 +27,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     inspect.add_argument("--verify", action="store_true", help="read every section of the version and check its checksum")
     inspect.add_argument("--json", action="store_true", help="print the description as JSON")
     inspect.add_argument("--no-key-groups", action="store_true", help="omit the per-key-group table")
+    inspect.add_argument(
+        "--checkpoint-key-file", default=None, metavar="FILE",
+        help="verify manifest signatures with the key in FILE (default: $OPBUFFER_CHECKPOINT_KEY, if set)",
+    )
     args = parser.parse_args(argv)
+    key = None
+    if args.checkpoint_key_file is not None:
+        try:
+            with open(args.checkpoint_key_file, "rb") as f:
+                key = f.read()
+        except OSError as exc:
+            print(f"error: --checkpoint-key-file {args.checkpoint_key_file!r}: {exc}", file=sys.stderr)
+            return 2
+        key = key[:-1] if key.endswith(b"\n") else key
+        if not key:
+            print(f"error: --checkpoint-key-file {args.checkpoint_key_file!r} is empty", file=sys.stderr)
+            return 2
     try:
-        info = describe(args.location, args.version, verify=args.verify)
-    except CheckpointError as exc:
+        info = describe(args.location, args.version, verify=args.verify, checkpoint_key=key)
+    except (CheckpointError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     text = json.dumps(info, indent=1) if args.json else format_description(info, key_groups=not args.no_key_groups)

@@ -20,10 +20,10 @@ if TYPE_CHECKING:
 _KG_BYTES = 2
 
 
-def _storage(location: Any, storage_options: dict[str, Any] | None) -> CheckpointStorage:
-    if isinstance(location, CheckpointStorage):
-        return location
-    return CheckpointStorage(location, storage_options=storage_options, create=False)
+def _storage(
+    location: Any, storage_options: dict[str, Any] | None, checkpoint_key: str | bytes | None = None
+) -> CheckpointStorage:
+    return CheckpointStorage.of(location, storage_options=storage_options, create=False, checkpoint_key=checkpoint_key)
 
 
 def read_state(
@@ -37,6 +37,7 @@ def read_state(
     with_key_group: bool = False,
     loads: Callable[[bytes], Any] = pickle.loads,
     storage_options: dict[str, Any] | None = None,
+    checkpoint_key: str | bytes | None = None,
 ) -> pd.DataFrame:
     """Every key of ``table`` in ``version`` (latest if None) as a DataFrame, for debugging and tests.
 
@@ -46,9 +47,14 @@ def read_state(
     with ``with_key_group`` a ``key_group`` column first. Rows are in RocksDB
     order (key group, then canonical key bytes). The version is restored into
     a temporary RocksDB, so every section's checksum is verified on the way.
+
+    Values are unpickled (with the default ``loads``): read only locations
+    whose writers you trust, or set a checkpoint key (``checkpoint_key=`` or
+    ``$OPBUFFER_CHECKPOINT_KEY``), which makes an unsigned or wrongly signed
+    manifest fail before any value is read.
     """
     import pandas as pd
-    storage = _storage(location, storage_options)
+    storage = _storage(location, storage_options, checkpoint_key)
     manifest = storage.read_manifest(version)
     if table not in manifest.tables:
         raise ValueError(f"version {manifest.version} has no table {table!r}; its tables: {list(manifest.tables)}")
@@ -85,13 +91,15 @@ def describe(
     *,
     verify: bool = False,
     storage_options: dict[str, Any] | None = None,
+    checkpoint_key: str | bytes | None = None,
 ) -> dict[str, Any]:
     """A JSON-able description of a checkpoint location and one version (latest by default).
 
     With ``verify`` every section of the version is read and its checksum checked
-    (a damaged one raises CheckpointCorruptError).
+    (a damaged one raises CheckpointCorruptError). With a checkpoint key the
+    manifest's signature is verified too. Nothing is unpickled.
     """
-    storage = _storage(location, storage_options)
+    storage = _storage(location, storage_options, checkpoint_key)
     versions = storage.versions()
     out: dict[str, Any] = {"location": storage.location, "versions": versions}
     data_files = storage.data_files()

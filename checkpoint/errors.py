@@ -28,3 +28,14 @@ class CheckpointCorruptError(CheckpointError):
         super().__init__(message)
         self.file = file
         self.key_group = key_group
+
+
+class CheckpointTrustError(CheckpointCorruptError):
+    """A checkpoint key is set and a manifest (or batch record) is unsigned or its signature does not match.
+
+    Raised before anything of the version is read or unpickled. ``file`` names the file.
+    """
+
+
+class RetentionWarning(UserWarning):
+    """Retention failed after a version was committed; the version stands, retention is retried after the next commit."""

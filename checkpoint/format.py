@@ -61,7 +61,9 @@ import xxhash
 
 from .errors import CheckpointCorruptError
 
-FORMAT_VERSION = 2  # 2: ``sst_file`` blocks (SST files of several key groups next to the task file)
+# 2: ``sst_file`` blocks (SST files of several key groups next to the task file);
+# 3: manifests carry a checksum (and a signature with a checkpoint key); manifests without one are refused.
+FORMAT_VERSION = 3
 FILE_MAGIC = b"OPBCKPT1"
 FOOTER_MAGIC = b"OPBCKEND"
 

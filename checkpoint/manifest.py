@@ -31,6 +31,11 @@ class SectionRef:
     A snapshot section may reference SST files of their own (``sst_files``,
     shared by the consecutive key groups each holds); ``sst_bytes`` is this
     key group's share of their bytes.
+
+    Written with a checkpoint key, a section also has ``digest``, the SHA-256
+    of its bytes, and ``sst_digests``, those of its SST files (in the order of
+    ``sst_files``): xxh64 and xxh3 catch damage, not a forger, so only these
+    make a signed manifest vouch for the bytes it names. Empty without a key.
     """
 
     key_group: int
@@ -41,6 +46,8 @@ class SectionRef:
     checksum: int  # xxh64 of the section bytes
     sst_files: tuple[str, ...] = ()  # relative to the checkpoint location
     sst_bytes: int = 0
+    digest: str = ""  # SHA-256 (hex) of the section bytes; "" when written without a checkpoint key
+    sst_digests: tuple[str, ...] = ()  # SHA-256 (hex) of each of sst_files; () without a checkpoint key
 
     @property
     def bytes(self) -> int:
@@ -58,6 +65,10 @@ class SectionRef:
         if self.sst_files:
             out["sst_files"] = list(self.sst_files)
             out["sst_bytes"] = self.sst_bytes
+        if self.digest:
+            out["digest"] = self.digest
+        if self.sst_digests:
+            out["sst_digests"] = list(self.sst_digests)
         return out
 
     @classmethod
@@ -66,9 +77,14 @@ class SectionRef:
         if kind not in (SNAPSHOT, DELTA):
             raise ValueError(f"unknown section kind {kind!r}")
         sst_files = data.get("sst_files")
-        return cls(int(key_group), kind, str(data["file"]), int(data["offset"]), int(data["length"]),
-                   int(data["checksum"], 16), tuple(map(str, sst_files)) if sst_files else (),
-                   int(data.get("sst_bytes", 0)))
+        sst_digests = data.get("sst_digests")
+        ref = cls(int(key_group), kind, str(data["file"]), int(data["offset"]), int(data["length"]),
+                  int(data["checksum"], 16), tuple(map(str, sst_files)) if sst_files else (),
+                  int(data.get("sst_bytes", 0)), str(data.get("digest", "")),
+                  tuple(map(str, sst_digests)) if sst_digests else ())
+        if ref.sst_digests and len(ref.sst_digests) != len(ref.sst_files):
+            raise ValueError(f"{len(ref.sst_digests)} sst_digests for {len(ref.sst_files)} sst_files")
+        return ref
 
 
 @dataclass(frozen=True)

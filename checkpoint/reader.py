@@ -29,6 +29,12 @@ worker threads, overlapping the reads, so RocksDB's own fsync at ingestion is
 cheap); record blocks are kept until they are applied, which is small for
 deltas (and for record-encoded snapshots of small key groups).
 
+With a checkpoint key (the manifest was verified against its signature),
+nothing is read through a memory map or hard-linked: every section and SST
+file is copied first and its checksum computed over the copy, so that a
+writer of the location cannot change bytes between their verification and
+their use.
+
 A damaged, truncated or missing file (task file or SST file) raises
 :class:`CheckpointCorruptError` naming the file and the key group, and leaves
 the stores untouched; other versions that do not reference the damaged file
@@ -38,6 +44,7 @@ stay restorable. An SST file hard-linked into a store is never written to
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import os
 import shutil
@@ -51,7 +58,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from state import RocksDBStore
 
-from .errors import CheckpointCorruptError, CheckpointError
+from .errors import CheckpointCorruptError, CheckpointError, CheckpointTrustError
 from .format import (
     DELTA,
     SNAPSHOT,
@@ -157,12 +164,26 @@ def _corrupt_truncated(file: str, ref: SectionRef, got: int) -> CheckpointCorrup
 def _check(file: str, ref: SectionRef, data: bytes | memoryview) -> None:
     if len(data) != ref.length:
         raise _corrupt_truncated(file, ref, len(data))
-    if checksum(data) != ref.checksum:
+    if checksum(data) != ref.checksum or (ref.digest and hashlib.sha256(data).hexdigest() != ref.digest):
         raise CheckpointCorruptError(
             f"checksum mismatch in checkpoint file {file!r}: the {ref.kind} section of key group "
             f"{ref.key_group} (bytes {ref.offset}..{ref.offset + ref.length}) is corrupt",
             file=file, key_group=ref.key_group,
         )
+
+
+def _check_digests(storage: CheckpointStorage, refs: Sequence[SectionRef]) -> None:
+    """With a checkpoint key, every section (and SST file) must have a SHA-256 digest in the signed manifest:
+    a plain xxh64 checksum can be forged, so without one the signature would not vouch for the bytes."""
+    if storage.checkpoint_key is None:
+        return
+    for ref in refs:
+        if not ref.digest or len(ref.sst_digests) != len(ref.sst_files):
+            raise CheckpointTrustError(
+                f"the {ref.kind} section of key group {ref.key_group} in {ref.file!r} has no SHA-256 digest in "
+                "its manifest, and a checkpoint key is set: refused (it was written without the key)",
+                file=ref.file, key_group=ref.key_group,
+            )
 
 
 def _missing(storage: CheckpointStorage, file: str, key_group: int) -> CheckpointCorruptError:
@@ -185,7 +206,8 @@ def _iter_views(
         by_file[ref.file].append(i)
     for file, positions in by_file.items():
         positions.sort(key=lambda i: refs[i].offset)
-        path = storage.local_path(file)
+        # With a key, bytes are copied before they are verified: a mapped file could change after its check.
+        path = storage.local_path(file) if storage.checkpoint_key is None else None
         if path is None:
             yield from _iter_stream(storage, file, refs, positions)
             continue
@@ -238,6 +260,7 @@ def verify_sections(storage: CheckpointStorage, refs: Sequence[SectionRef]) -> i
 
     Returns the bytes read.
     """
+    _check_digests(storage, refs)
     total = 0
     uses: dict[tuple[str, str], _SstFileUse] = {}
     for _, ref, data in iter_sections(storage, refs):
@@ -320,6 +343,7 @@ def restore(
 
     positions = [pos for g in key_groups for pos in range(len(manifest.chain(g)))]
     refs: list[SectionRef] = [ref for g in key_groups for ref in manifest.chain(g)]
+    _check_digests(storage, refs)
     in_flight: deque[Future] = deque()
 
     def stage(path: str, payload: bytes | memoryview) -> None:
@@ -381,7 +405,7 @@ def restore(
         for n, use in enumerate(sst_uses.values()):
             total_bytes += use.ref.size
             path = os.path.join(tmp, f"f{n}.sst")
-            local = storage.local_path(use.ref.name)
+            local = storage.local_path(use.ref.name) if storage.checkpoint_key is None else None
             if local is not None:
                 view = _verified_sst_file(local, use)
                 try:
@@ -487,6 +511,12 @@ class _SstFileUse:
         """Every key group in the file is wanted (from this very file): ingest it as it is."""
         return sorted(self.wanted) == list(self.ref.key_groups)
 
+    @property
+    def digest(self) -> str:
+        """The SHA-256 the referencing section's manifest entry gives the file ("" when written without a key)."""
+        files, digests = self.section.sst_files, self.section.sst_digests
+        return digests[files.index(self.ref.name)] if digests and self.ref.name in files else ""
+
     def corrupt(self, why: str) -> CheckpointCorruptError:
         g = min(self.wanted)
         groups = self.ref.key_groups
@@ -508,7 +538,7 @@ def _verified_sst_file(path: str, use: _SstFileUse) -> memoryview:
         if size != use.ref.size:
             raise use.corrupt(f"is truncated or damaged: it has {size} bytes, the checkpoint wrote {use.ref.size}")
         view = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)) if size else memoryview(b"")
-    if file_checksum(view) != use.ref.checksum:
+    if file_checksum(view) != use.ref.checksum or (use.digest and hashlib.sha256(view).hexdigest() != use.digest):
         raise use.corrupt("is corrupt (checksum mismatch)")
     return view
 
@@ -516,6 +546,8 @@ def _verified_sst_file(path: str, use: _SstFileUse) -> memoryview:
 def _copy_verified(storage: CheckpointStorage, use: _SstFileUse, path: str | None) -> None:
     """Read an SST file (to ``path``, fdatasync'ed, unless None), verifying its size and checksum."""
     hasher = file_hasher()
+    digest = use.digest
+    sha = hashlib.sha256() if digest else None
     size = 0
     try:
         stream = storage.open_read(use.ref.name)
@@ -527,12 +559,14 @@ def _copy_verified(storage: CheckpointStorage, use: _SstFileUse, path: str | Non
             if not chunk:
                 break
             hasher.update(chunk)
+            if sha is not None:
+                sha.update(chunk)
             if out is not None:
                 out.write(chunk)
             size += len(chunk)
         if size != use.ref.size:
             raise use.corrupt(f"is truncated or damaged: it has {size} bytes, the checkpoint wrote {use.ref.size}")
-        if hasher.intdigest() != use.ref.checksum:
+        if hasher.intdigest() != use.ref.checksum or (sha is not None and sha.hexdigest() != digest):
             raise use.corrupt("is corrupt (checksum mismatch)")
         if out is not None:
             out.flush()

@@ -4,6 +4,8 @@ Layout of a checkpoint location::
 
     manifests/v0000000007.json     the manifest of version 7 (exists = version 7 is committed)
     manifests/.tmp-v...-<uuid>     a manifest being committed (never read)
+    manifests/set-aside/v0000000009-<uuid>.json   a version set aside by a runner started from an older one
+    batches/v0000000008.json       the processing time batch 8 chose before it ran (reused by its retries)
     data/v0000000007-<task>-<attempt>.ckpt   task files (one per operator instance, version, attempt)
     data/v0000000007-<task>-<attempt>.kg<lo>-<hi>.t<i>.sst   SST files a task file's snapshots reference
 
@@ -13,12 +15,30 @@ temporary name and renamed (local: ``os.replace`` after ``fsync``; fsspec:
 atomic too). Task files are written under unique attempt names and are never
 renamed: a file only matters once a committed manifest references it.
 
+Manifests and batch records are sealed: the file is JSON holding a
+``checksum`` (SHA-256 of the canonical JSON of the other fields: sorted keys,
+compact separators, ASCII) and, with a checkpoint key, a ``signature``
+(HMAC-SHA256 of the same bytes). A file must also be byte for byte what the
+writer wrote, so every changed byte is caught. A file without a checksum (a
+manifest of an opbuffer that had none) is refused: it cannot be told apart
+from one whose checksum field was damaged, and there are no such
+checkpoints to keep.
+
+The key (``checkpoint_key=`` or the environment variable
+``OPBUFFER_CHECKPOINT_KEY``) protects against anyone who can write the
+location: checkpoint values are pickles, so such a writer could otherwise
+run code wherever a version is restored. With a key, unsigned manifests and
+records are refused, and a manifest is verified before any file it names is
+read; it holds the checksums of every section and SST file.
+
 Local paths (and ``file://`` URLs) use ``os`` directly; any other URL
 (``memory://``, ``s3://``, ...) goes through ``fsspec``, imported on first use.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import re
@@ -26,11 +46,25 @@ import uuid
 from contextlib import contextmanager
 from typing import IO, Any, Iterator
 
-from .errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError, VersionExistsError
+from .errors import (
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointNotFoundError,
+    CheckpointTrustError,
+    VersionExistsError,
+)
 from .manifest import Manifest
 
 MANIFEST_DIR = "manifests"
+SET_ASIDE_DIR = f"{MANIFEST_DIR}/set-aside"
 DATA_DIR = "data"
+BATCHES_DIR = "batches"
+#: The environment variable holding the checkpoint key when no ``checkpoint_key=`` is given.
+KEY_ENV = "OPBUFFER_CHECKPOINT_KEY"
+_CHECKSUM = "checksum"
+_SIGNATURE = "signature"
+_SET_ASIDE_RE = re.compile(r"^v(\d{10})-[0-9a-f]+\.json$")
+_BATCH_RE = re.compile(r"^v(\d{10})\.json(?:\.tmp-[0-9a-f]+)?$")
 _MANIFEST_RE = re.compile(r"^v(\d{10})\.json$")
 _TMP_MANIFEST_RE = re.compile(r"^\.tmp-v(\d{10})-[0-9a-f]+\.json$")
 _DATA_RE = re.compile(r"^v(\d{10})-.*\.(?:ckpt|sst)$")
@@ -39,6 +73,94 @@ _TASK_RE = re.compile(r"[^A-Za-z0-9_.=]+")
 
 def manifest_path(version: int) -> str:
     return f"{MANIFEST_DIR}/v{version:010d}.json"
+
+
+def batch_record_path(version: int) -> str:
+    return f"{BATCHES_DIR}/v{version:010d}.json"
+
+
+def resolve_key(checkpoint_key: str | bytes | None) -> bytes | None:
+    """The checkpoint key: ``checkpoint_key`` (str: its UTF-8 bytes), else ``$OPBUFFER_CHECKPOINT_KEY``, else None.
+
+    An empty key is refused (it would sign with no secret at all).
+    """
+    if checkpoint_key is None:
+        env = os.environ.get(KEY_ENV)
+        if env is None:
+            return None
+        if not env:
+            raise ValueError(f"the environment variable {KEY_ENV} is set but empty; unset it or give it a key")
+        return env.encode("utf-8")
+    if isinstance(checkpoint_key, str):
+        checkpoint_key = checkpoint_key.encode("utf-8")
+    if not isinstance(checkpoint_key, (bytes, bytearray)):
+        raise TypeError(f"checkpoint_key must be str or bytes, got {type(checkpoint_key).__name__}")
+    if not checkpoint_key:
+        raise ValueError("checkpoint_key must not be empty")
+    return bytes(checkpoint_key)
+
+
+def _canonical(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+
+
+def _render(body: dict[str, Any], checksum: str, signature: str | None) -> bytes:
+    sealed = dict(body)
+    sealed[_CHECKSUM] = checksum
+    if signature is not None:
+        sealed[_SIGNATURE] = signature
+    return json.dumps(sealed, indent=1).encode("ascii")
+
+
+def seal(body: dict[str, Any], key: bytes | None) -> bytes:
+    """The file of ``body``: its JSON with a checksum and, with ``key``, a signature of the canonical JSON."""
+    if _CHECKSUM in body or _SIGNATURE in body:
+        raise ValueError(f"a sealed body may not have the fields {_CHECKSUM!r} or {_SIGNATURE!r}")
+    canonical = _canonical(body)
+    checksum = "sha256:" + hashlib.sha256(canonical).hexdigest()
+    signature = None if key is None else "hmac-sha256:" + hmac.new(key, canonical, hashlib.sha256).hexdigest()
+    return _render(body, checksum, signature)
+
+
+def unseal(data: bytes, key: bytes | None, *, what: str) -> dict[str, Any]:
+    """The body of a sealed file, verified; raises CheckpointCorruptError / CheckpointTrustError naming ``what``.
+
+    ``what`` says which file it is (e.g. ``"manifest 'manifests/v0000000007.json' in '/ckpt'"``).
+    """
+    try:
+        sealed = json.loads(data)
+    except ValueError as exc:
+        raise CheckpointCorruptError(f"corrupt {what}: not JSON ({exc})") from exc
+    if not isinstance(sealed, dict):
+        raise CheckpointCorruptError(f"corrupt {what}: not a JSON object")
+    checksum = sealed.pop(_CHECKSUM, None)
+    signature = sealed.pop(_SIGNATURE, None)
+    if checksum is None:
+        raise CheckpointCorruptError(
+            f"{what} has no checksum: refused (damaged, or written by an opbuffer without manifest checksums)"
+        )
+    canonical = _canonical(sealed)
+    if not isinstance(checksum, str) or not hmac.compare_digest(
+        checksum, "sha256:" + hashlib.sha256(canonical).hexdigest()
+    ):
+        raise CheckpointCorruptError(f"corrupt {what}: checksum mismatch")
+    if signature is not None and not isinstance(signature, str):
+        raise CheckpointCorruptError(f"corrupt {what}: the signature is not a string")
+    if _render(sealed, checksum, signature) != bytes(data):
+        raise CheckpointCorruptError(f"corrupt {what}: it is not byte for byte what the writer wrote")
+    if key is not None:
+        if signature is None:
+            raise CheckpointTrustError(
+                f"{what} is not signed, and a checkpoint key is set: refused (an unsigned file may have been "
+                "written by anyone who can write the location; nothing of it was read)"
+            )
+        expected = "hmac-sha256:" + hmac.new(key, canonical, hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(signature, expected):
+            raise CheckpointTrustError(
+                f"{what} has a signature that does not match the checkpoint key: refused (written with another "
+                "key, or crafted; nothing of it was read)"
+            )
+    return sealed
 
 
 def data_file_version(name: str) -> int | None:
@@ -97,6 +219,9 @@ class _LocalFS:
             os.remove(self.full(rel))
         except FileNotFoundError:
             pass
+
+    def move(self, src_rel: str, dst_rel: str) -> None:
+        os.replace(self.full(src_rel), self.full(dst_rel))
 
     def commit_file(self, tmp_rel: str, final_rel: str) -> None:
         tmp, final = self.full(tmp_rel), self.full(final_rel)
@@ -167,6 +292,9 @@ class _FsspecFS:
         except FileNotFoundError:
             pass
 
+    def move(self, src_rel: str, dst_rel: str) -> None:
+        self.fs.mv(self.full(src_rel), self.full(dst_rel))
+
     def commit_file(self, tmp_rel: str, final_rel: str) -> None:
         self.fs.mv(self.full(tmp_rel), self.full(final_rel))
 
@@ -179,6 +307,9 @@ class CheckpointStorage:
             any fsspec URL (``memory://...``, ``s3://bucket/prefix``, ...).
         storage_options: passed to fsspec for non-local URLs.
         create: create the location's directories (off for read-only uses such as ``inspect``).
+        checkpoint_key: the key manifests and batch records are signed with and
+            verified against (str: its UTF-8 bytes); None: ``$OPBUFFER_CHECKPOINT_KEY``
+            when set, else no key (checksums only). With a key, unsigned files are refused.
 
     One committer (the driver) at a time is assumed; on a local filesystem a
     concurrent commit of the same version is still detected (the manifest is
@@ -194,7 +325,9 @@ class CheckpointStorage:
         *,
         storage_options: dict[str, Any] | None = None,
         create: bool = True,
+        checkpoint_key: str | bytes | None = None,
     ) -> None:
+        self._key = resolve_key(checkpoint_key)
         text = os.fspath(location)
         if not isinstance(text, str) or not text:
             raise ValueError(f"location must be a non-empty path or URL, got {location!r}")
@@ -211,8 +344,21 @@ class CheckpointStorage:
 
     @classmethod
     def of(cls, location: "CheckpointStorage | str | os.PathLike[str]", **kwargs: Any) -> "CheckpointStorage":
-        """``location`` itself if it is a CheckpointStorage, else a new one for it."""
-        return location if isinstance(location, CheckpointStorage) else cls(location, **kwargs)
+        """``location`` itself if it is a CheckpointStorage, else a new one for it.
+
+        A CheckpointStorage given with another ``checkpoint_key`` than its own is refused.
+        """
+        if isinstance(location, CheckpointStorage):
+            key = kwargs.get("checkpoint_key")
+            if key is not None and resolve_key(key) != location._key:
+                raise ValueError(f"checkpoint_key differs from the key of the given {location!r}")
+            return location
+        return cls(location, **kwargs)
+
+    @property
+    def checkpoint_key(self) -> bytes | None:
+        """The key manifests are signed with and verified against (None: checksums only)."""
+        return self._key
 
     @property
     def is_local(self) -> bool:
@@ -269,8 +415,13 @@ class CheckpointStorage:
                 f"committed versions: {self.versions()}"
             ) from None
         try:
-            manifest = Manifest.from_dict(json.loads(data))
-        except (ValueError, KeyError, TypeError) as exc:
+            body = unseal(data, self._key, what=f"manifest {rel!r} in {self.location!r}")
+        except CheckpointCorruptError as exc:
+            exc.file = rel
+            raise
+        try:
+            manifest = Manifest.from_dict(body)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CheckpointCorruptError(f"corrupt manifest {rel!r} in {self.location!r}: {exc}", file=rel) from exc
         if manifest.version != version:
             raise CheckpointCorruptError(
@@ -287,7 +438,7 @@ class CheckpointStorage:
         if self._fs.exists(final):
             raise VersionExistsError(f"version {manifest.version} is already committed in {self.location!r}")
         tmp = f"{MANIFEST_DIR}/.tmp-v{manifest.version:010d}-{uuid.uuid4().hex}.json"
-        data = json.dumps(manifest.to_dict(), indent=1, sort_keys=False).encode("utf-8")
+        data = seal(manifest.to_dict(), self._key)
         try:
             with self._fs.open_write(tmp) as f:
                 f.write(data)
@@ -298,6 +449,132 @@ class CheckpointStorage:
 
     def delete_manifest(self, version: int) -> None:
         self._fs.delete(manifest_path(_check_version(version)))
+
+    # ------------------------------------------------------------ starting from a version
+    def set_aside_manifests(self) -> list[tuple[str, int]]:
+        """``(path, version)`` of the manifests set aside by :meth:`set_aside_after`, by version."""
+        out = []
+        for name in self._fs.listdir(SET_ASIDE_DIR):
+            match = _SET_ASIDE_RE.match(name)
+            if match:
+                out.append((f"{SET_ASIDE_DIR}/{name}", int(match.group(1))))
+        return sorted(out, key=lambda item: item[1])
+
+    def set_aside_versions(self) -> list[int]:
+        """Versions set aside by :meth:`set_aside_after`, ascending."""
+        return [v for _, v in self.set_aside_manifests()]
+
+    def highest_version(self) -> int | None:
+        """The highest version ever committed here that is still on record (committed or set aside), or None.
+
+        A version number is never committed twice: the next version must be above it.
+        """
+        versions = self.versions() + self.set_aside_versions()
+        return max(versions) if versions else None
+
+    def start(self, start_version: int | None = None) -> Manifest | None:
+        """The manifest a runner starts from, read and verified: the latest one, or ``start_version`` (a way back).
+
+        Nothing is changed here: a runner that starts from an older version
+        checks that it fits, then calls :meth:`set_aside_after`.
+
+        Raises CheckpointNotFoundError when ``start_version`` is not committed
+        (naming the retained versions) and, for a damaged version, the error
+        of :meth:`way_back_error`.
+        """
+        if start_version is None:
+            latest = self.latest_version()
+            if latest is None:
+                return None
+            try:
+                return self.read_manifest(latest)
+            except CheckpointCorruptError as exc:
+                raise self.way_back_error(exc, latest) from exc
+        if isinstance(start_version, bool) or not isinstance(start_version, int) or start_version < 0:
+            raise ValueError(f"start_version must be an int >= 0, got {start_version!r}")
+        versions = self.versions()
+        if start_version not in versions:
+            raise CheckpointNotFoundError(
+                f"start_version={start_version} is not a committed version of {self.location!r}; "
+                f"retained versions: {versions}"
+            )
+        try:
+            return self.read_manifest(start_version)
+        except CheckpointCorruptError as exc:
+            raise self.way_back_error(exc, start_version) from exc
+
+    def set_aside_after(self, version: int) -> list[int]:
+        """Set aside every committed version after ``version``; returns them.
+
+        Their manifests move to ``manifests/set-aside/`` (newest first, so a
+        crash part way leaves a location whose latest version is one of them,
+        or ``version``), where ``inspect`` cannot see them and retention
+        deletes them and their files once a newer version is committed.
+        Version numbers are never reused (:meth:`highest_version`; ``commit``
+        refuses a number at or below a set-aside one), so nothing keyed by a
+        version (an executor's working store "at version V", a cached
+        manifest, the recorded processing time of batch V, a sink's output of
+        batch V) can mistake a new version for an abandoned one. Versions
+        before ``version`` are untouched, so an even older start stays possible.
+        """
+        later = [v for v in self.versions() if v > _check_version(version)]
+        if later:
+            self._fs.makedirs(SET_ASIDE_DIR)
+            for v in reversed(later):
+                self._fs.move(manifest_path(v), f"{SET_ASIDE_DIR}/v{v:010d}-{uuid.uuid4().hex[:16]}.json")
+        return later
+
+    def way_back_error(self, exc: CheckpointCorruptError, version: int) -> CheckpointCorruptError:
+        """``exc`` (version ``version`` cannot be restored) with how to start from an older retained version."""
+        if isinstance(exc, CheckpointTrustError):
+            return exc  # another key, or a crafted location: an older version is no way out
+        older = [v for v in self.versions() if v < version]
+        if older:
+            how = (f"to start from an older retained version instead, pass start_version=N to LocalRunner or "
+                   f"run_stream, N one of {older} (the versions after N are set aside)")
+        else:
+            how = f"no version older than {version} is retained in {self.location!r}, so there is no way back"
+        out = type(exc)(f"{exc}; version {version} cannot be restored: {how}", file=exc.file, key_group=exc.key_group)
+        return out
+
+    # ------------------------------------------------------------ batch records
+    def processing_time(self, version: int) -> int | None:
+        """The processing time batch ``version`` recorded before it ran, or None when it has not run.
+
+        Raises CheckpointCorruptError naming the file when the record is torn or damaged.
+        """
+        rel = batch_record_path(_check_version(version))
+        data = self.read_small_file(rel)
+        if data is None:
+            return None
+        what = f"processing-time record {rel!r} of batch {version} in {self.location!r}"
+        try:
+            body = unseal(data, self._key, what=what)
+        except CheckpointCorruptError as exc:
+            exc.file = rel
+            raise
+        ms = body.get("processing_time_ms")
+        if body.get("version") != version or isinstance(ms, bool) or not isinstance(ms, int):
+            raise CheckpointCorruptError(
+                f"corrupt {what}: expected version {version} and an int processing_time_ms, got {body}", file=rel
+            )
+        return ms
+
+    def record_processing_time(self, version: int, processing_time_ms: int) -> None:
+        """Record the processing time batch ``version`` runs at (before it runs; its retries reuse it)."""
+        if isinstance(processing_time_ms, bool) or not isinstance(processing_time_ms, int):
+            raise TypeError(f"processing_time_ms must be an int, got {processing_time_ms!r}")
+        body = {"version": _check_version(version), "processing_time_ms": processing_time_ms}
+        self.write_small_file(batch_record_path(version), seal(body, self._key))
+
+    def batch_records(self) -> list[tuple[str, int]]:
+        """``(path, version)`` of every processing-time record (and leftover temporary one)."""
+        out = []
+        for name in self._fs.listdir(BATCHES_DIR):
+            match = _BATCH_RE.match(name)
+            if match:
+                out.append((f"{BATCHES_DIR}/{name}", int(match.group(1))))
+        return sorted(out, key=lambda item: item[1])
 
     # ------------------------------------------------------------ task files
     def new_data_file(self, version: int, task: str | int) -> str:

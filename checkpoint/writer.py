@@ -39,10 +39,12 @@ since the restore.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
 import time
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
@@ -51,7 +53,7 @@ from rocksdict import Options, SstFileWriter
 
 from state import RocksDBStore
 
-from .errors import CheckpointError, VersionExistsError
+from .errors import CheckpointError, RetentionWarning, VersionExistsError
 from .format import (
     DELTA,
     RECORDS,
@@ -151,6 +153,7 @@ class CheckpointWriter:
         self.sst_min_entries = sst_min_entries
         self.sst_key_groups = sst_key_groups
         self.tmp_dir = os.fspath(tmp_dir) if tmp_dir is not None else None
+        self._sst_digests: dict[str, str] = {}  # SST file -> SHA-256, with a checkpoint key
 
     # ------------------------------------------------------------ the one entry point
     def write(
@@ -178,6 +181,7 @@ class CheckpointWriter:
         Nothing is written (``report.file is None``) when no owned key group changed.
         """
         started = time.perf_counter()
+        self._sst_digests.clear()
         if not tables:
             raise ValueError("tables must name at least one table")
         mp = self.max_parallelism
@@ -290,8 +294,10 @@ class CheckpointWriter:
                 while i < len(groups):
                     g = groups[i]
                     if g not in snapshots:
-                        entry = out.add_section(g, DELTA, delta_section(g))
-                        refs.append(SectionRef(g, DELTA, path, entry.offset, entry.length, entry.checksum))
+                        data = delta_section(g)
+                        entry = out.add_section(g, DELTA, data)
+                        refs.append(SectionRef(g, DELTA, path, entry.offset, entry.length, entry.checksum,
+                                               digest=self._digest(data)))
                         records += sum(len(changed[g].get(n, ())) for n in names)
                         i += 1
                         continue
@@ -306,8 +312,11 @@ class CheckpointWriter:
                             run.append(groups[i + len(run)])
                     for snapshot in self._snapshot_run(run, tables, names, tmp, path, sst_files):
                         entry = out.add_section(snapshot.key_group, SNAPSHOT, snapshot.data)
-                        refs.append(SectionRef(snapshot.key_group, SNAPSHOT, path, entry.offset, entry.length,
-                                               entry.checksum, snapshot.sst_files, snapshot.sst_bytes))
+                        refs.append(SectionRef(
+                            snapshot.key_group, SNAPSHOT, path, entry.offset, entry.length, entry.checksum,
+                            snapshot.sst_files, snapshot.sst_bytes, self._digest(snapshot.data),
+                            tuple(self._sst_digests[f] for f in snapshot.sst_files) if self._keyed else (),
+                        ))
                         records += snapshot.count
                     i += len(run)
                 size = out.finish()
@@ -320,6 +329,14 @@ class CheckpointWriter:
             shutil.rmtree(tmp, ignore_errors=True)
         return TaskReport(file=path, sections=tuple(refs), bytes=size + sum(sst_files.values()), records=records,
                           seconds=time.perf_counter() - started, **report_args)
+
+    @property
+    def _keyed(self) -> bool:
+        """With a checkpoint key, sections and SST files get SHA-256 digests (see SectionRef)."""
+        return self.storage.checkpoint_key is not None
+
+    def _digest(self, data: bytes) -> str:
+        return hashlib.sha256(data).hexdigest() if self._keyed else ""
 
     # ------------------------------------------------------------ snapshots
     def _snapshot_run(
@@ -434,8 +451,12 @@ class CheckpointWriter:
         return (SstFileRef(name, size, crc, tuple(in_file)), raw_bytes), per_group
 
     def _publish(self, local: str, name: str) -> tuple[int, int]:
-        """Copy a built SST file to ``name`` in the checkpoint location; returns its size and checksum."""
+        """Copy a built SST file to ``name`` in the checkpoint location; returns its size and checksum.
+
+        With a checkpoint key its SHA-256 goes to ``self._sst_digests[name]``.
+        """
         hasher = file_hasher()
+        sha = hashlib.sha256() if self._keyed else None
         size = 0
         with open(local, "rb") as src, self.storage.open_write(name) as dst:
             while True:
@@ -443,8 +464,12 @@ class CheckpointWriter:
                 if not chunk:
                     break
                 hasher.update(chunk)
+                if sha is not None:
+                    sha.update(chunk)
                 dst.write(chunk)
                 size += len(chunk)
+        if sha is not None:
+            self._sst_digests[name] = sha.hexdigest()
         return size, hasher.intdigest()
 
 
@@ -489,19 +514,28 @@ def commit(
         reports: the reports of every task of the version (``TaskReport`` or its ``to_dict()``).
         metadata: free-form JSON-able data kept in the manifest (watermark, batch time, ...).
         retain: then apply :func:`apply_retention` keeping this many versions (None: keep everything).
+            Should retention fail (say, an older manifest is damaged), the version
+            stays committed: a :class:`RetentionWarning` says why, and the next
+            commit tries again.
         max_parallelism: only needed for a first version without reports.
 
     Returns the committed manifest. Raises VersionExistsError when ``version``
     (or a newer one) is already committed (a re-run of a committed batch: its
-    recomputed files are orphans that retention deletes later), and
-    CheckpointError when a report does not fit or a reported file is missing;
-    nothing is committed then.
+    recomputed files are orphans that retention deletes later) or was set
+    aside (version numbers are never reused), and CheckpointError when a
+    report does not fit or a reported file is missing; nothing is committed then.
     """
     storage = CheckpointStorage.of(storage)
     parsed = [r if isinstance(r, TaskReport) else TaskReport.from_dict(r) for r in reports]
     latest = storage.latest_version()
     if latest is not None and latest >= version:
         raise VersionExistsError(f"cannot commit version {version}: version {latest} is already committed")
+    set_aside = storage.set_aside_versions()
+    if set_aside and set_aside[-1] >= version:
+        raise VersionExistsError(
+            f"cannot commit version {version}: version {set_aside[-1]} was committed and then set aside "
+            "(a runner started from an older version); version numbers are never reused"
+        )
     previous = storage.read_manifest(latest) if latest is not None else None
     manifest = Manifest.build(previous, version, parsed, metadata, max_parallelism=max_parallelism)
     for report in parsed:
@@ -512,7 +546,15 @@ def commit(
                 raise CheckpointError(f"task {report.task!r} reported the SST file {name!r}, which does not exist")
     storage.write_manifest(manifest)
     if retain is not None:
-        apply_retention(storage, retain)
+        try:
+            apply_retention(storage, retain)
+        except Exception as exc:  # the version is committed: its batch must not fail now
+            warnings.warn(
+                f"version {version} is committed in {storage.location!r}, but retention failed: {exc!r}; "
+                "retention is tried again after the next commit",
+                RetentionWarning,
+                stacklevel=2,
+            )
     return manifest
 
 
@@ -522,13 +564,19 @@ def apply_retention(storage: CheckpointStorage | str | os.PathLike[str], retain:
     Manifests go first, then files, so a crash in between leaves orphans, never
     a manifest with missing files. Files of versions newer than the newest
     committed one (tasks still writing) are never touched; files of failed or
-    superseded attempts of older versions are. Returns what was deleted.
+    superseded attempts of older versions are. Processing-time records
+    (``batches/``) of versions older than the oldest kept one go too, and so
+    do set-aside manifests of versions below the newest (their numbers can no
+    longer be committed; their files are unreferenced). Returns what was deleted.
+
+    Raises CheckpointCorruptError when a kept manifest cannot be read; then no
+    file is deleted (which files it needs is unknown).
     """
     if isinstance(retain, bool) or not isinstance(retain, int) or retain < 1:
         raise ValueError(f"retain must be an int >= 1, got {retain!r}")
     storage = CheckpointStorage.of(storage)
     versions = storage.versions()
-    deleted: dict[str, list] = {"manifests": [], "files": []}
+    deleted: dict[str, list] = {"manifests": [], "files": [], "set_aside": [], "batch_records": []}
     if not versions:
         return deleted
     newest = versions[-1]
@@ -548,4 +596,12 @@ def apply_retention(storage: CheckpointStorage | str | os.PathLike[str], retain:
     for path, v in storage.temp_manifests():
         if v <= newest:
             storage.delete(path)
+    for path, v in storage.set_aside_manifests():
+        if v < newest:
+            storage.delete(path)
+            deleted["set_aside"].append(v)
+    for path, v in storage.batch_records():
+        if v < keep[0]:
+            storage.delete(path)
+            deleted["batch_records"].append(path)
     return deleted

@@ -20,13 +20,13 @@ import shutil
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
 import numpy as np
 import pandas as pd
 
-from checkpoint import CheckpointStorage, Manifest
+from checkpoint import CheckpointCorruptError, CheckpointStorage, Manifest
 from state.base import StoreLockedError
 from state.locks import FileLock, directory_lock, process_alive
 from state.group_state import NO_TIMESTAMP, GroupStateTimeout
@@ -80,6 +80,8 @@ class TaskPlan:
     sink_dir: Optional[str] = None
     #: The Arrow schema of the output rows (with sink_dir).
     sink_schema: Any = None
+    #: The key manifests are verified against (the driver's); kept out of repr, so out of any log line.
+    checkpoint_key: Optional[bytes] = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,7 @@ class _Live:
 
 
 _LIVE: dict[tuple[str, str, int, int], _Live] = {}
-_MANIFESTS: dict[tuple[str, int], Manifest] = {}
+_MANIFESTS: dict[tuple[str, int, Optional[bytes]], Manifest] = {}
 
 
 def drop_late_rows(plan: TaskPlan, frame: pd.DataFrame, watermark_ms: int) -> tuple[pd.DataFrame, int, int]:
@@ -158,13 +160,14 @@ def combine_partition(plan: TaskPlan, context: BatchContext, batches: Iterator[p
 
 
 def _storage(plan: TaskPlan) -> CheckpointStorage:
-    return CheckpointStorage.of(plan.location, **plan.storage_options)
+    return CheckpointStorage.of(plan.location, storage_options=plan.storage_options, checkpoint_key=plan.checkpoint_key)
 
 
 def _manifest(plan: TaskPlan, storage: CheckpointStorage, version: int) -> Manifest:
-    cached = _MANIFESTS.get((plan.location, version))
+    key = (plan.location, version, plan.checkpoint_key)  # a manifest verified with one key is not with another
+    cached = _MANIFESTS.get(key)
     if cached is None:
-        cached = _MANIFESTS[(plan.location, version)] = storage.read_manifest(version)
+        cached = _MANIFESTS[key] = storage.read_manifest(version)
         if len(_MANIFESTS) > 16:
             _MANIFESTS.pop(next(iter(_MANIFESTS)))
     return cached
@@ -276,7 +279,10 @@ def _choose_instance(
         _drop_live(other)
     instance = _new_instance(plan, storage, index, os.path.join(directory, f"db-{uuid.uuid4().hex}"), fresh=True)
     if context.previous_version is not None:
-        instance.restore(_manifest(plan, storage, context.previous_version))
+        try:
+            instance.restore(_manifest(plan, storage, context.previous_version))
+        except CheckpointCorruptError as exc:
+            raise storage.way_back_error(exc, context.previous_version) from exc
     _LIVE[key] = _Live(instance, None)
     return instance
 

@@ -134,6 +134,8 @@ class StreamRunner:
         storage_options: Optional[Mapping[str, Any]] = None,
         workdir: Optional[str] = None,
         on_batch: Optional[Callable[[BatchMetrics], None]] = None,
+        start_version: Optional[int] = None,
+        checkpoint_key: str | bytes | None = None,
     ) -> None:
         self.spec = spec_of(fn)
         if self.spec.function is None and self.spec.aggregations is None:
@@ -146,7 +148,9 @@ class StreamRunner:
         self.parallelism = parallelism
         if checkpoint_location is None:
             raise ValueError("checkpoint_location is required: exactly-once state lives there")
-        self.storage = CheckpointStorage.of(checkpoint_location, **dict(storage_options or {}))
+        self.storage = CheckpointStorage.of(
+            checkpoint_location, storage_options=dict(storage_options or {}), checkpoint_key=checkpoint_key
+        )
         self.timeout_conf = timeout_conf(timeout)
         fields = [f.name for f in input_schema.fields]
         if event_time is not None and event_time not in fields:
@@ -180,7 +184,7 @@ class StreamRunner:
         self.retain = retain
         self.on_batch = on_batch
         self.batches: list[BatchMetrics] = []
-        self._check_checkpoint()
+        self._check_checkpoint(start_version)
         location = checkpoint_location if isinstance(checkpoint_location, str) else os.fspath(checkpoint_location)
         self.plan = TaskPlan(
             spec=self.spec,
@@ -198,6 +202,7 @@ class StreamRunner:
             workdir=workdir,
             # Stable across driver restarts, so a restarted query finds its workers' working stores.
             query_id=xxhash.xxh64_hexdigest(json.dumps([location, self.key_columns, parallelism]).encode()),
+            checkpoint_key=self.storage.checkpoint_key,
         )
         self._internal_schema = self._with_report(nullable(self.output_schema))
         # A ParquetSink on a local path is written by the tasks themselves: one Spark job per batch.
@@ -212,11 +217,10 @@ class StreamRunner:
         self._combined_schema = self._combined(input_schema) if self.combine_before_shuffle else None
 
     # ------------------------------------------------------------ set-up
-    def _check_checkpoint(self) -> None:
-        latest = self.storage.latest_version()
-        if latest is None:
+    def _check_checkpoint(self, start_version: Optional[int]) -> None:
+        manifest = self.storage.start(start_version)
+        if manifest is None:
             return
-        manifest = self.storage.read_manifest(latest)
         if manifest.max_parallelism != self.max_parallelism:
             raise ValueError(
                 f"checkpoint {self.storage!r} has max_parallelism {manifest.max_parallelism}, not {self.max_parallelism}: "
@@ -228,6 +232,8 @@ class StreamRunner:
         types = manifest.metadata.get("key_types")
         if types is not None and tuple(types) != self.key_types:
             raise ValueError(f"checkpoint {self.storage!r} was written for key types {types}, not {list(self.key_types)}")
+        if start_version is not None:  # the next batch builds on it: its context must not see later versions
+            self.storage.set_aside_after(start_version)
 
     @staticmethod
     def _with_report(schema: Any) -> Any:
@@ -254,12 +260,11 @@ class StreamRunner:
     # ------------------------------------------------------------ one batch
     def _processing_time(self, version: int) -> int:
         """Chosen once per batch and recorded before it runs, so a re-run makes the same decisions."""
-        path = f"batches/v{version:010d}.json"
-        recorded = self.storage.read_small_file(path)
+        recorded = self.storage.processing_time(version)
         if recorded is not None:
-            return int(json.loads(recorded)["processing_time_ms"])
+            return recorded
         now = int(time.time() * 1000)
-        self.storage.write_small_file(path, json.dumps({"processing_time_ms": now}).encode())
+        self.storage.record_processing_time(version, now)
         return now
 
     def context(self, version: int) -> tuple[BatchContext, int]:
@@ -467,6 +472,8 @@ def run_stream(
     spark_checkpoint_location: Optional[str] = None,
     workdir: Optional[str] = None,
     on_batch: Optional[Callable[[BatchMetrics], None]] = None,
+    start_version: Optional[int] = None,
+    checkpoint_key: str | bytes | None = None,
 ) -> Any:
     """Run ``fn`` over the streaming DataFrame ``df``, keyed by ``key``, exactly-once; returns the started query.
 
@@ -498,6 +505,15 @@ def run_stream(
         combine_before_shuffle: pre-aggregate before the shuffle (default: when fn has a mapping combiner).
         retain: committed versions kept (older files are deleted).
         on_batch: called on the driver with each batch's :class:`BatchMetrics`.
+        start_version: start from this retained version instead of the latest (a way
+            back, e.g. when the latest is damaged). The versions after it are set aside
+            (``CheckpointStorage.set_aside_after``); the next batch builds on it. Spark's own
+            offsets are not moved: the rows of the set-aside batches are not processed
+            again unless Spark's checkpoint is reset too.
+        checkpoint_key: sign manifests with this key and refuse unsigned or wrongly
+            signed ones before anything is unpickled, on the driver and in every task
+            (default: ``$OPBUFFER_CHECKPOINT_KEY`` on the driver). It reaches the tasks
+            inside the task plan, never in a log line.
 
     The returned query also has ``batch_metrics`` and ``last_batch_metrics``.
     """
@@ -524,6 +540,8 @@ def run_stream(
         storage_options=storage_options,
         workdir=workdir,
         on_batch=on_batch,
+        start_version=start_version,
+        checkpoint_key=checkpoint_key,
     )
     writer = df.writeStream.foreachBatch(runner).option(
         "checkpointLocation", _spark_checkpoint(checkpoint_location, spark_checkpoint_location)

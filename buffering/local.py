@@ -10,7 +10,10 @@ exactly the output and state of an uninterrupted run.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
+import weakref
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 import numpy as np
@@ -126,10 +129,14 @@ class LocalRunner:
         self.key_types = normalize_types(key_types)
         if checkpoint_location is None and (start_version is not None or checkpoint_key is not None):
             raise ValueError("start_version= and checkpoint_key= need a checkpoint_location")
-        self.storage = (
-            CheckpointStorage.of(checkpoint_location, checkpoint_key=checkpoint_key)
-            if checkpoint_location is not None else None
-        )
+        # Without a location the runner keeps its committed versions in a private temporary
+        # checkpoint, so that a failed batch can always go back to the last one.
+        self._private_dir: Optional[str] = None
+        if checkpoint_location is None:
+            self._private_dir = tempfile.mkdtemp(prefix="opbuffer-local-")
+            self._private_cleanup = weakref.finalize(self, shutil.rmtree, self._private_dir, True)
+            checkpoint_location = self._private_dir
+        self.storage = CheckpointStorage.of(checkpoint_location, checkpoint_key=checkpoint_key)
         self.version: Optional[int] = None
         self._highest_version: Optional[int] = None  # of every version ever committed, set-aside ones too
         self._max_event_time_ms = NO_TIMESTAMP
@@ -137,7 +144,7 @@ class LocalRunner:
         self._instances: Optional[list[OperatorInstance]] = None
         self._closed = False
         self.last_batch_stats: dict[str, Any] = {}
-        if self.storage is not None:
+        if self._private_dir is None:
             self._manifest = self.storage.start(start_version)
             self._highest_version = self.storage.highest_version()
             if self._manifest is not None:
@@ -178,7 +185,6 @@ class LocalRunner:
             for i in range(self.parallelism)
         ]
         if self._manifest is not None:
-            assert self.storage is not None
             for instance in self._instances:
                 try:
                     instance.restore(self._manifest)
@@ -203,8 +209,6 @@ class LocalRunner:
     # ------------------------------------------------------------ batches
     def _processing_time(self, version: int) -> int:
         """Chosen once per batch and recorded before it runs, so a retry makes the same decisions."""
-        if self.storage is None:
-            return self.clock() + self._time_offset_ms
         recorded = self.storage.processing_time(version)
         if recorded is not None:
             return recorded
@@ -222,21 +226,53 @@ class LocalRunner:
             raise KeyError(f"columns {missing} are missing from the batch (it has {list(pdf.columns)})")
         if self._instances is None:
             if self.key_types is None:
+                if not len(pdf):
+                    return pdf.iloc[0:0]  # an empty batch says nothing of the key types: wait for rows
                 self.key_types = tuple(spark_type_of(pdf[c].dtype) for c in self.key_columns)
             self._start_instances()
-        return self._run_batch(pdf)
+        return self._run_or_roll_back(pdf)
 
     def advance_time(self, ms: int) -> pd.DataFrame:
         """Move processing time forward by ``ms`` and run an empty batch: time triggers and timeouts fire."""
         if ms < 0:
             raise ValueError(f"time only moves forward, got advance_time({ms!r})")
         self._reopen_if_closed()
-        self._time_offset_ms += int(ms)
         if self._instances is None:
             if self.key_types is None:
+                self._time_offset_ms += int(ms)
                 return pd.DataFrame()
             self._start_instances()
-        return self._run_batch(None)
+        offset = self._time_offset_ms
+        self._time_offset_ms += int(ms)
+        try:
+            return self._run_or_roll_back(None)
+        except BaseException:
+            self._time_offset_ms = offset  # a retry moves time by ``ms`` again, not twice
+            raise
+
+    def _run_or_roll_back(self, pdf: Optional[pd.DataFrame]) -> pd.DataFrame:
+        """Run one batch; if anything fails, every instance goes back to the last committed version.
+
+        The instances are dropped without flushing (the cache may hold the
+        failed batch's changes, even changed in place) and rebuilt from the
+        last committed manifest: state, pending rows and timers as they were,
+        so a retry counts each row once.
+        """
+        try:
+            return self._run_batch(pdf)
+        except BaseException:
+            self._roll_back()
+            raise
+
+    def _roll_back(self) -> None:
+        instances, self._instances = self._instances, None
+        for instance in instances or ():
+            try:
+                instance.discard()
+            except Exception:  # noqa: BLE001 - the batch's own error is the one to report
+                pass
+        if self.key_types is not None:
+            self._start_instances()
 
     def _run_batch(self, pdf: Optional[pd.DataFrame]) -> pd.DataFrame:
         version = self._next_version()
@@ -283,26 +319,25 @@ class LocalRunner:
                 outputs.extend(instances[i].process(part, processing_time, watermark))
         for instance in instances:
             outputs.extend(instance.end_of_batch(processing_time, watermark))
-        if self.storage is not None:
-            reports = [instance.checkpoint(version, self._manifest) for instance in instances]
-            self._before_commit(version)
-            self._manifest = commit(
-                self.storage,
-                version,
-                reports,
-                metadata={
-                    "max_event_time_ms": max_event_time,
-                    "processing_time_ms": processing_time,
-                    "time_offset_ms": self._time_offset_ms,
-                    "key_columns": self.key_columns,
-                    "key_types": list(self.key_types or ()),
-                    "parallelism": self.parallelism,
-                },
-                max_parallelism=self.max_parallelism,
-            )
+        out = concat_frames(outputs)  # before the commit: a batch whose output fails commits nothing
+        reports = [instance.checkpoint(version, self._manifest) for instance in instances]
+        self._before_commit(version)
+        self._manifest = commit(
+            self.storage,
+            version,
+            reports,
+            metadata={
+                "max_event_time_ms": max_event_time,
+                "processing_time_ms": processing_time,
+                "time_offset_ms": self._time_offset_ms,
+                "key_columns": self.key_columns,
+                "key_types": list(self.key_types or ()),
+                "parallelism": self.parallelism,
+            },
+            max_parallelism=self.max_parallelism,
+        )
         self.version = version
         self._max_event_time_ms = max_event_time
-        out = concat_frames(outputs)
         self.last_batch_stats = {
             "version": version,
             "rows_out": len(out),
@@ -321,7 +356,7 @@ class LocalRunner:
         """After close(): resume from the checkpoint, or refuse when there is none (the state is gone)."""
         if not self._closed:
             return
-        if self.storage is None:
+        if self._private_dir is not None:
             raise RuntimeError("this LocalRunner is closed and had no checkpoint location: its state is gone")
         self._closed = False
         self._manifest = self.storage.start()
@@ -355,12 +390,16 @@ class LocalRunner:
         return dict(self.last_batch_stats)
 
     def close(self) -> None:
-        """Release the instances' stores (the checkpoint stays)."""
+        """Release the instances' stores (the checkpoint stays; a runner without a location deletes its own)."""
         self._closed = True
-        if self._instances is not None:
-            for instance in self._instances:
-                instance.close()
-            self._instances = None
+        try:
+            if self._instances is not None:
+                for instance in self._instances:
+                    instance.close()
+                self._instances = None
+        finally:
+            if self._private_dir is not None:
+                self._private_cleanup()
 
     def __enter__(self) -> "LocalRunner":
         return self

@@ -48,6 +48,38 @@ class InstanceMetrics:
     checkpoint_bytes: int = 0
 
 
+def _output_frames(key: tuple, result: Any) -> list[pd.DataFrame]:
+    """The DataFrames the user function produced for ``key``; anything else is an error naming the key.
+
+    As applyInPandasWithState: the function returns an iterator of DataFrames
+    (``yield df``); ``return df`` and other values are refused before anything
+    of the batch is committed.
+    """
+    if result is None:
+        return []
+    if isinstance(result, pd.DataFrame):
+        raise TypeError(
+            f"the function returned a DataFrame for key {key!r}; it must return an iterator of DataFrames "
+            "(`yield df`, not `return df`), as applyInPandasWithState requires"
+        )
+    if isinstance(result, (dict, str, bytes)) or not hasattr(result, "__iter__"):
+        raise TypeError(
+            f"the function returned {type(result).__name__} {result!r:.200} for key {key!r}; "
+            "it must return an iterator of DataFrames (`yield df`)"
+        )
+    frames = []
+    for item in result:
+        if item is None:
+            continue
+        if not isinstance(item, pd.DataFrame):
+            raise TypeError(
+                f"the function yielded {type(item).__name__} {item!r:.200} for key {key!r}; "
+                "it must yield pandas DataFrames"
+            )
+        frames.append(item)
+    return frames
+
+
 class _WorkingFiles:
     """What an instance holds on disk: its working store, the claim on its directory, a temp dir it made.
 
@@ -377,8 +409,8 @@ class OperatorInstance:
             watermark_present=self.watermark_present,
             old_timeout_timestamp=NO_TIMESTAMP if old_timeout is None else old_timeout,
         )
-        result = function(denormalize_key(nkey), iter(()) if rows is None else iter([rows]), state)
-        frames = [frame for frame in (result if result is not None else ()) if frame is not None]
+        key = denormalize_key(nkey)
+        frames = _output_frames(key, function(key, iter(()) if rows is None else iter([rows]), state))
         self.metrics.calls += 1
         if state.removed:
             self.state.delete(nkey)
@@ -416,6 +448,16 @@ class OperatorInstance:
         if self.cache is not None:
             out["cache"] = self.cache.stats()
         return out
+
+    def discard(self) -> None:
+        """Drop everything since the last checkpoint: close the stores WITHOUT flushing the cache.
+
+        For a failed batch: the cache may hold values the batch changed (live
+        objects, possibly changed in place), so nothing of it may reach the
+        store. The directory is released (a temporary one deleted); build a new
+        instance from the checkpoint to go on.
+        """
+        self._finalizer()
 
     def close(self) -> None:
         """Flush the cache, close the working store and give up its directory (a temporary one is deleted).

@@ -208,10 +208,15 @@ def _release(directory: str, version: int, token: str, db: str) -> None:
 
 
 def _drop_live(key: tuple[str, str, int, int]) -> None:
+    """Forget this process's instance without flushing: it may hold a failed attempt's changes.
+
+    What it released last (a suspended store named by OWNER.json) is on disk
+    already; anything after that must not reach the store.
+    """
     live = _LIVE.pop(key, None)
     if live is not None:
         with contextlib.suppress(Exception):
-            live.instance.close()
+            live.instance.discard()
 
 
 def _new_instance(plan: TaskPlan, storage: CheckpointStorage, index: int, workdir: str, fresh: bool) -> OperatorInstance:

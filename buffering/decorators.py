@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
@@ -28,8 +29,8 @@ _STORES = ("memory", "rocksdb")
 def _positive_or_none(name: str, value: Any, kind: type = int) -> None:
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int) or value <= 0:
-        raise ValueError(f"{name} must be a positive {kind.__name__} or None, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int) or not value > 0:
+        raise ValueError(f"{name} must be a positive {kind.__name__} or None, got {value!r}")  # `not >`: NaN too
 
 
 @dataclass(frozen=True)
@@ -79,11 +80,21 @@ class StateConfig:
         _positive_or_none("max_bytes", self.max_bytes)
         if self.store not in _STORES:
             raise ValueError(f"store must be one of {_STORES}, got {self.store!r}")
-        if self.path is not None and self.store != "rocksdb":
-            raise ValueError(f"path={self.path!r} needs store='rocksdb'")
-        from state.cache.policies import make_policy
+        if self.path is not None:
+            if not isinstance(self.path, (str, os.PathLike)) or not os.fspath(self.path).strip():
+                raise ValueError(f"path must name a directory, got {self.path!r}")
+            if self.store != "rocksdb":
+                raise ValueError(f"path={self.path!r} needs store='rocksdb'")
+            # frozen dataclass: "~/state" means the home directory, as in a shell
+            object.__setattr__(self, "path", os.path.expanduser(os.fspath(self.path)))
+        from state.cache.policies import CachePolicy, check_policy_spec
 
-        make_policy(self.policy)  # raises on an unknown policy
+        if isinstance(self.policy, CachePolicy):
+            raise ValueError(
+                f"cached_state(policy={self.policy!r}): every operator instance gets its own cache, so pass "
+                "the policy class or a factory, not one instance they would share"
+            )
+        check_policy_spec(self.policy)  # raises on an unknown policy
         if (self.low_watermark is None) != (self.high_watermark is None):
             raise ValueError("give both low_watermark and high_watermark or neither")
         if self.low_watermark is not None:
@@ -182,7 +193,7 @@ def mini_batch(
 def cached_state(
     max_entries: Optional[int] = None,
     max_bytes: Optional[int] = None,
-    policy: str = "lru",
+    policy: Any = "lru",
     store: str = "memory",
     path: Optional[str] = None,
     low_watermark: Optional[float] = None,

@@ -28,7 +28,7 @@ from .buffer import factorize_keys
 from .decorators import check_operator_key, spec_of
 from .frames import concat_frames
 from .operator import OperatorInstance
-from .protocol import event_time_ms
+from .protocol import check_delay_ms, event_time_ms
 
 Clock = Callable[[], int]
 
@@ -55,13 +55,30 @@ def key_groups_of(frame: pd.DataFrame, key_columns: Sequence[str], key_types: Se
     """Key group of every row: vectorized for one long column, per unique key otherwise."""
     if len(key_columns) == 1 and key_types[0] == "long" and frame[key_columns[0]].dtype.kind == "i":
         return key_groups_of_longs(frame[key_columns[0]].to_numpy(np.int64), max_parallelism)
+    _check_hashable_keys(frame, key_columns)
     codes, uniques = factorize_keys(frame, list(key_columns))
+    columns = list(key_columns)
     groups = np.fromiter(
-        (key_group_from_hash(spark_hash(k, key_types), max_parallelism) for k in uniques),
+        (key_group_from_hash(spark_hash(k, key_types, columns), max_parallelism) for k in uniques),
         dtype=np.int64,
         count=len(uniques),
     )
     return groups[codes]
+
+
+def _check_hashable_keys(frame: pd.DataFrame, key_columns: Sequence[str]) -> None:
+    """A key column of lists, dicts or sets is an error naming the column and the first such value."""
+    for column in key_columns:
+        series = frame[column]
+        if series.dtype != object:
+            continue
+        bad = series.map(lambda v: isinstance(v, (list, dict, set, np.ndarray)))
+        if bad.any():
+            value = series[bad.to_numpy()].iloc[0]
+            raise TypeError(
+                f"key column {column!r} holds a {type(value).__name__} ({value!r:.200}); "
+                "key values must be scalars (a Spark grouping column cannot be an array or map either)"
+            )
 
 
 class LocalRunner:
@@ -115,8 +132,7 @@ class LocalRunner:
         check_max_parallelism(max_parallelism)
         if isinstance(parallelism, bool) or not isinstance(parallelism, int) or not 1 <= parallelism <= max_parallelism:
             raise ValueError(f"parallelism must be an int in [1, max_parallelism={max_parallelism}], got {parallelism!r}")
-        if watermark_delay_ms < 0:
-            raise ValueError(f"watermark_delay_ms must be >= 0, got {watermark_delay_ms!r}")
+        check_delay_ms("watermark_delay_ms", watermark_delay_ms)
         self.timeout_conf = timeout_conf(timeout)
         if self.timeout_conf == GroupStateTimeout.EventTimeTimeout and event_time is None:
             raise ValueError("timeout='event' needs event_time= (the column that drives the watermark)")
@@ -127,6 +143,11 @@ class LocalRunner:
         self.clock: Clock = clock if clock is not None else (lambda: int(time.time() * 1000))
         self._time_offset_ms = 0
         self.key_types = normalize_types(key_types)
+        if self.key_types is not None and len(self.key_types) != len(self.key_columns):
+            raise ValueError(
+                f"key_types {list(self.key_types)} has {len(self.key_types)} types for the "
+                f"{len(self.key_columns)} key column(s) {self.key_columns}"
+            )
         if checkpoint_location is None and (start_version is not None or checkpoint_key is not None):
             raise ValueError("start_version= and checkpoint_key= need a checkpoint_location")
         # Without a location the runner keeps its committed versions in a private temporary
@@ -155,8 +176,14 @@ class LocalRunner:
                 stored = meta.get("key_columns")
                 if stored is not None and list(stored) != self.key_columns:
                     raise ValueError(f"checkpoint at {checkpoint_location!r} was written for key {stored}, not {self.key_columns}")
-                if self.key_types is None and meta.get("key_types") is not None:
-                    self.key_types = tuple(meta["key_types"])
+                stored_types = meta.get("key_types")
+                if self.key_types is None and stored_types is not None:
+                    self.key_types = tuple(stored_types)
+                elif self.key_types is not None and stored_types and tuple(stored_types) != self.key_types:
+                    raise ValueError(
+                        f"checkpoint at {checkpoint_location!r} was written with key_types {list(stored_types)}, "
+                        f"not {list(self.key_types)}: key groups depend on them, so they are fixed per checkpoint"
+                    )
                 if self._manifest.max_parallelism != max_parallelism:
                     raise ValueError(
                         f"checkpoint at {checkpoint_location!r} has max_parallelism {self._manifest.max_parallelism}, "

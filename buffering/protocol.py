@@ -2,8 +2,19 @@
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import numpy as np
 import pandas as pd
+
+
+def check_delay_ms(name: str, value: Any) -> None:
+    """A delay in milliseconds: a number >= 0, not NaN; the error names the argument."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number of milliseconds, got {type(value).__name__} {value!r}")
+    if math.isnan(value) or value < 0:
+        raise ValueError(f"{name} must be a number of milliseconds >= 0, got {value!r}")
 
 
 def event_time_ms(column: pd.Series) -> np.ndarray:

@@ -179,7 +179,7 @@ class _LocalFS:
     """The few file operations a checkpoint needs, on a local directory."""
 
     def __init__(self, root: str) -> None:
-        self.root = os.path.abspath(root)
+        self.root = os.path.abspath(os.path.expanduser(root))  # "~/ckpt" means the home directory, as in a shell
 
     def full(self, rel: str) -> str:
         return os.path.join(self.root, *rel.split("/"))

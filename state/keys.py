@@ -306,6 +306,8 @@ def _element_bytes(element: Hashable, type_name: str | None) -> bytes:
             type_name = "date"
         else:
             type_name = "timestamp"
+    elif not _fits(tag, value, type_name):
+        raise KeyTypeError(value, type_name)
     if type_name in _LONG_TYPES:
         if tag == _T_DATETIME:
             return _pack_le_q(_micros(value)[0])
@@ -321,8 +323,48 @@ def _element_bytes(element: Hashable, type_name: str | None) -> bytes:
     return _pack_le_f(float(value) + 0.0)
 
 
-def spark_hash(nkey: NormalizedKey, types: Sequence[str | None] | None = None) -> int:
-    """Spark's ``xxhash64(col1, col2, ...)`` (seed 42) of a normalized key, as a signed long."""
+class KeyTypeError(TypeError, ValueError):
+    """A key value that does not fit the Spark type declared for its column."""
+
+    def __init__(self, value: Any, type_name: str, column: str | None = None) -> None:
+        self.value, self.type_name, self.column = value, type_name, column
+        where = f" in key column {column!r}" if column is not None else ""
+        super().__init__(
+            f"key value {value!r}{where} ({type(value).__name__}) does not fit its declared Spark type {type_name!r}"
+        )
+
+
+_INT_RANGES = {"int": 32, "integer": 32, "short": 16, "smallint": 16, "byte": 8, "tinyint": 8}
+
+
+def _fits(tag: Any, value: Any, type_name: str) -> bool:
+    """Whether a normalized key element is a value of Spark type ``type_name``."""
+    if type_name in ("long", "bigint"):
+        return tag is None and type(value) is int
+    if type_name in ("timestamp", "timestamp_ntz"):
+        return tag == _T_DATETIME or (tag is None and type(value) is int)
+    if type_name in _INT_RANGES:
+        bits = _INT_RANGES[type_name]
+        return tag is None and type(value) is int and -(1 << (bits - 1)) <= value < 1 << (bits - 1)
+    if type_name == "date":
+        return tag == _T_DATE
+    if type_name == "boolean":
+        return tag == _T_BOOL
+    if type_name == "string":
+        return tag is None and type(value) is str
+    if type_name == "binary":
+        return tag is None and type(value) is bytes
+    return tag == _T_FLOAT or (tag is None and type(value) is int)  # double, float
+
+
+def spark_hash(
+    nkey: NormalizedKey, types: Sequence[str | None] | None = None, columns: Sequence[str] | None = None
+) -> int:
+    """Spark's ``xxhash64(col1, col2, ...)`` (seed 42) of a normalized key, as a signed long.
+
+    With ``types``, each value must fit its column's Spark type, else
+    :class:`KeyTypeError` names the value, the type and (given ``columns``) the column.
+    """
     h = SPARK_HASH_SEED
     nkey = key_columns(nkey)
     if types is None:
@@ -337,8 +379,13 @@ def spark_hash(nkey: NormalizedKey, types: Sequence[str | None] | None = None) -
     else:
         if len(types) != len(nkey):
             raise ValueError(f"key {denormalize_key(nkey)!r} has {len(nkey)} columns but {len(types)} types were given")
-        for element, type_name in zip(nkey, types):
-            h = _xxh(_element_bytes(element, type_name), h)
+        for i, (element, type_name) in enumerate(zip(nkey, types)):
+            try:
+                h = _xxh(_element_bytes(element, type_name), h)
+            except KeyTypeError as exc:
+                if columns is None:
+                    raise
+                raise KeyTypeError(exc.value, exc.type_name, columns[i]) from None
     return h - (1 << 64) if h >= 1 << 63 else h
 
 

@@ -441,14 +441,14 @@ def _query_class() -> type:
 
 def _spark_checkpoint(checkpoint_location: Any, spark_checkpoint_location: Optional[str]) -> str:
     if spark_checkpoint_location is not None:
-        return spark_checkpoint_location
+        return spark_checkpoint_location if "://" in spark_checkpoint_location else os.path.expanduser(spark_checkpoint_location)
     location = os.fspath(checkpoint_location)
     if "://" in location and not location.startswith("file://"):
         raise ValueError(
             f"checkpoint_location {location!r} is not a local path: give spark_checkpoint_location= "
             "(a Hadoop path for Spark's own offsets log)"
         )
-    return os.path.join(location.removeprefix("file://"), "_spark")
+    return os.path.join(os.path.expanduser(location.removeprefix("file://")), "_spark")
 
 
 def run_stream(

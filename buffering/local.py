@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from checkpoint import CheckpointCorruptError, CheckpointStorage, Manifest, commit
+from state.cache import CacheManager, check_memory_budget, shared_manager
 from state.group_state import NO_TIMESTAMP, GroupStateTimeout, timeout_conf
 from state.keygroups import DEFAULT_MAX_PARALLELISM, check_max_parallelism, key_group_from_hash, operator_indexes
 from state.keys import key_groups_of_longs, normalize_key, normalize_types, spark_hash
@@ -96,6 +97,17 @@ class LocalRunner:
         watermark_delay_ms: allowed lateness: watermark = max event time - delay.
         clock: processing time in ms (default: wall clock); inject one in tests.
         key_types: Spark types of the key columns (default: from the first batch's dtypes).
+        start_version: start from this retained version instead of the latest (later ones are set aside).
+        checkpoint_key: signs and verifies the checkpoint (default: ``OPBUFFER_CHECKPOINT_KEY``).
+        memory_budget: bytes that the state caches of all instances hold together (one
+            :class:`~state.CacheManager` per process and budget, shared by every runner that
+            names the same budget); each instance's grant is in
+            ``stats()["instances"][i]["cache"]["granted_bytes"]``. RocksDB's own memory is
+            capped per store (``block_cache_bytes``), not by this budget.
+
+    A failed ``process``/``advance_time`` leaves state, pending rows and timers at
+    the last committed version (without a location the runner keeps a private
+    temporary checkpoint for that), so calling it again counts each row once.
         start_version: start from this retained version instead of the latest (a way
             back, e.g. when the latest is damaged). Once it is restored, the versions
             after it are set aside (``CheckpointStorage.set_aside_after``); version
@@ -121,6 +133,7 @@ class LocalRunner:
         key_types: Optional[Iterable[Any]] = None,
         start_version: Optional[int] = None,
         checkpoint_key: str | bytes | None = None,
+        memory_budget: Optional[int] = None,
     ) -> None:
         self.spec = spec_of(fn)
         if self.spec.function is None and self.spec.aggregations is None:
@@ -142,6 +155,9 @@ class LocalRunner:
         self.watermark_delay_ms = watermark_delay_ms
         self.clock: Clock = clock if clock is not None else (lambda: int(time.time() * 1000))
         self._time_offset_ms = 0
+        budget = check_memory_budget(memory_budget)
+        # One budget for the caches of every instance (of every runner of the process with this budget).
+        self._manager: Optional[CacheManager] = shared_manager(budget) if budget is not None else None
         self.key_types = normalize_types(key_types)
         if self.key_types is not None and len(self.key_types) != len(self.key_columns):
             raise ValueError(
@@ -208,6 +224,7 @@ class LocalRunner:
                 timeout_conf=self.timeout_conf,
                 watermark_present=watermark_present,
                 storage=self.storage,
+                manager=self._manager,
             )
             for i in range(self.parallelism)
         ]

@@ -22,6 +22,7 @@ import pandas as pd
 from checkpoint import CheckpointStorage, CheckpointWriter, Manifest, TaskReport, restore
 from checkpoint.staging import sweep_stale_staging
 from state import MemoryStore, RocksDBStore, Store, WriteBackCache, key_group_range
+from state.cache import CacheManager
 from state.group_state import NO_TIMESTAMP, GroupState, GroupStateTimeout
 from state.keys import NormalizedKey, denormalize_key, normalize_key
 from state.locks import FileLock, directory_lock
@@ -126,6 +127,7 @@ class OperatorInstance:
         storage: Optional[CheckpointStorage] = None,
         workdir: Optional[str] = None,
         fresh: bool = True,
+        manager: Optional[CacheManager] = None,
     ) -> None:
         self.spec = spec
         self.key_columns = list(key_columns)
@@ -174,7 +176,13 @@ class OperatorInstance:
             self._files.root = root_memory
         state_table = self.tables[STATE_TABLE]
         self.cache: Optional[WriteBackCache] = None
-        if config.cached or (config.store == "memory" and isinstance(state_table, RocksDBStore)):
+        if manager is not None and not isinstance(state_table, RocksDBStore):
+            raise ValueError(
+                f"memory_budget={manager.max_bytes} bounds caches in front of RocksDB working stores, but this "
+                "instance keeps its state in memory: use cached_state(store='rocksdb') or a checkpoint location"
+            )
+        if config.cached or manager is not None or (config.store == "memory" and isinstance(state_table, RocksDBStore)):
+            # With a manager (the runner's memory_budget) the manager grants the byte bound.
             self.cache = WriteBackCache(
                 state_table,
                 max_entries=config.max_entries,
@@ -182,6 +190,7 @@ class OperatorInstance:
                 policy=config.policy,
                 low_watermark=config.low_watermark,
                 high_watermark=config.high_watermark,
+                manager=manager,
                 name=f"state[{index}/{parallelism}]",
             )
         self.state: Store = self.cache if self.cache is not None else state_table

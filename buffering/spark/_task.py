@@ -28,6 +28,7 @@ import pandas as pd
 
 from checkpoint import CheckpointCorruptError, CheckpointStorage, Manifest
 from state.base import StoreLockedError
+from state.cache import shared_manager
 from state.locks import FileLock, directory_lock, process_alive
 from state.group_state import NO_TIMESTAMP, GroupStateTimeout
 from state.keys import normalize_key
@@ -80,6 +81,8 @@ class TaskPlan:
     sink_dir: Optional[str] = None
     #: The Arrow schema of the output rows (with sink_dir).
     sink_schema: Any = None
+    #: Bytes the state caches of every instance of a worker process hold together (None: no budget).
+    memory_budget: Optional[int] = None
     #: The key manifests are verified against (the driver's); kept out of repr, so out of any log line.
     checkpoint_key: Optional[bytes] = field(default=None, repr=False)
 
@@ -232,6 +235,8 @@ def _new_instance(plan: TaskPlan, storage: CheckpointStorage, index: int, workdi
         storage=storage,
         workdir=workdir,
         fresh=fresh,
+        # One manager per worker process and budget: workers are reused across tasks and batches.
+        manager=shared_manager(plan.memory_budget) if plan.memory_budget is not None else None,
     )
 
 
@@ -460,6 +465,11 @@ def _run_task(
         checkpoint_seconds = time.perf_counter() - checkpoint_started
         after = _counters(instance)
         metrics = {name: after[name] - before[index].get(name, 0.0) for name in after}
+        cache = instance.cache.stats() if instance.cache is not None else None
+        if cache is not None:  # gauges, not counters: the values now
+            metrics.update(cache_entries=float(cache["entries"]), cache_estimated_bytes=float(cache["estimated_bytes"]))
+            if cache["granted_bytes"] is not None:
+                metrics["cache_granted_bytes"] = float(cache["granted_bytes"])
         metrics.update(
             checkpoint_bytes=float(report.bytes),
             checkpoint_seconds=checkpoint_seconds,

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from checkpoint import DEFAULT_RETAIN, CheckpointStorage, VersionExistsError, commit
+from state.cache import check_memory_budget
 from state.group_state import NO_TIMESTAMP, GroupStateTimeout, timeout_conf
 from state.keygroups import DEFAULT_MAX_PARALLELISM, check_max_parallelism
 
@@ -136,8 +137,10 @@ class StreamRunner:
         on_batch: Optional[Callable[[BatchMetrics], None]] = None,
         start_version: Optional[int] = None,
         checkpoint_key: str | bytes | None = None,
+        memory_budget: Optional[int] = None,
     ) -> None:
         self.spec = spec_of(fn)
+        self.memory_budget = check_memory_budget(memory_budget)
         if self.spec.function is None and self.spec.aggregations is None:
             raise TypeError(f"{fn!r} has nothing to run")
         self.key_columns = key_list(key)
@@ -200,6 +203,7 @@ class StreamRunner:
             combine=self.combine,
             sql_partials=tuple(self.sql_partials or ()),
             workdir=workdir,
+            memory_budget=self.memory_budget,
             # Stable across driver restarts, so a restarted query finds its workers' working stores.
             query_id=xxhash.xxh64_hexdigest(json.dumps([location, self.key_columns, parallelism]).encode()),
             checkpoint_key=self.storage.checkpoint_key,
@@ -451,6 +455,22 @@ def _spark_checkpoint(checkpoint_location: Any, spark_checkpoint_location: Optio
     return os.path.join(os.path.expanduser(location.removeprefix("file://")), "_spark")
 
 
+MEMORY_BUDGET_CONF = "spark.opbuffer.memoryBudget"
+_BYTE_SUFFIXES = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "g": 1 << 30, "gb": 1 << 30}
+
+
+def _memory_budget_conf(text: Optional[str]) -> Optional[int]:
+    """The bytes of the ``spark.opbuffer.memoryBudget`` conf ("536870912", "512m", "2g"), None if unset."""
+    if text is None or not str(text).strip():
+        return None
+    value = str(text).strip().lower()
+    digits = value.rstrip("kmgb")
+    suffix = value[len(digits):]
+    if not digits.isdigit() or suffix not in _BYTE_SUFFIXES:
+        raise ValueError(f"{MEMORY_BUDGET_CONF}={text!r} is not a size in bytes (e.g. 536870912, 512m, 2g)")
+    return check_memory_budget(int(digits) * _BYTE_SUFFIXES[suffix], MEMORY_BUDGET_CONF)
+
+
 def run_stream(
     df: Any,
     fn: Any,
@@ -474,6 +494,7 @@ def run_stream(
     on_batch: Optional[Callable[[BatchMetrics], None]] = None,
     start_version: Optional[int] = None,
     checkpoint_key: str | bytes | None = None,
+    memory_budget: Optional[int] = None,
 ) -> Any:
     """Run ``fn`` over the streaming DataFrame ``df``, keyed by ``key``, exactly-once; returns the started query.
 
@@ -505,6 +526,12 @@ def run_stream(
         combine_before_shuffle: pre-aggregate before the shuffle (default: when fn has a mapping combiner).
         retain: committed versions kept (older files are deleted).
         on_batch: called on the driver with each batch's :class:`BatchMetrics`.
+        memory_budget: bytes that the state caches of all operator instances of one
+            Spark Python worker hold together (one CacheManager per worker process);
+            default: the Spark conf ``spark.opbuffer.memoryBudget`` (bytes, or with a
+            k/m/g suffix), else no budget. Each instance's grant is in
+            ``BatchMetrics.per_instance[i]["cache_granted_bytes"]``. The working RocksDB
+            stores' own memory is capped per store, not by this budget.
         start_version: start from this retained version instead of the latest (a way
             back, e.g. when the latest is damaged). The versions after it are set aside
             (``CheckpointStorage.set_aside_after``); the next batch builds on it. Spark's own
@@ -523,6 +550,8 @@ def run_stream(
         if not isinstance(trigger, Mapping) or len(trigger) != 1 or next(iter(trigger)) not in _TRIGGERS:
             raise ValueError(f"trigger must be one of {{'processingTime': '5 seconds'}}, {{'availableNow': True}}, {{'once': True}}, got {trigger!r}")
     spark = df.sparkSession
+    if memory_budget is None:
+        memory_budget = _memory_budget_conf(spark.conf.get(MEMORY_BUDGET_CONF, None))
     runner = StreamRunner(
         fn,
         input_schema=df.schema,
@@ -542,6 +571,7 @@ def run_stream(
         on_batch=on_batch,
         start_version=start_version,
         checkpoint_key=checkpoint_key,
+        memory_budget=memory_budget,
     )
     writer = df.writeStream.foreachBatch(runner).option(
         "checkpointLocation", _spark_checkpoint(checkpoint_location, spark_checkpoint_location)

@@ -1,8 +1,16 @@
 """The write-back cache, its eviction policies, memory estimator and the process-wide manager."""
 
-from .estimator import MemoryEstimator
-from .manager import CacheManager, GCTimeMonitor, MemoryReading, current_rss_bytes, default_memory_limit
-from .policies import POLICIES, CachePolicy, ClockPolicy, LFUPolicy, LRUPolicy, make_policy
+from .estimator import MemoryEstimator, deep_sizeof
+from .manager import (
+    CacheManager,
+    GCTimeMonitor,
+    MemoryReading,
+    check_memory_budget,
+    current_rss_bytes,
+    default_memory_limit,
+    shared_manager,
+)
+from .policies import POLICIES, CachePolicy, ClockPolicy, LFUPolicy, LRUPolicy, check_policy_spec, make_policy
 from .writeback import StateSerializationError, WriteBackCache
 
 __all__ = [
@@ -17,7 +25,11 @@ __all__ = [
     "POLICIES",
     "StateSerializationError",
     "WriteBackCache",
+    "check_memory_budget",
+    "check_policy_spec",
     "current_rss_bytes",
+    "deep_sizeof",
     "default_memory_limit",
     "make_policy",
+    "shared_manager",
 ]

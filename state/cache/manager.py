@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import os
 import resource
+import threading
 import time
 import weakref
 from dataclasses import dataclass
@@ -322,3 +323,32 @@ class CacheManager:
 
     def __repr__(self) -> str:
         return f"CacheManager(max_bytes={self.max_bytes}, caches={len(self._caches)}, free_blocks={self.free_blocks})"
+
+
+_SHARED: dict[int, CacheManager] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def check_memory_budget(memory_budget: Any, argument: str = "memory_budget") -> int | None:
+    """``memory_budget`` as bytes (None: no budget), or ValueError naming the argument and the value."""
+    if memory_budget is None:
+        return None
+    if isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget < 1 << 20:
+        raise ValueError(f"{argument} must be a number of bytes >= 1 MiB (an int) or None, got {memory_budget!r}")
+    return memory_budget
+
+
+def shared_manager(memory_budget: int) -> CacheManager:
+    """The process's CacheManager of ``memory_budget`` bytes, made on first use.
+
+    Every cache of the process that asks for the same budget shares it (the
+    operator instances of a LocalRunner, or of every task a Spark Python worker
+    runs: workers are reused across batches, and so is the manager).
+    """
+    budget = check_memory_budget(memory_budget)
+    assert budget is not None
+    with _SHARED_LOCK:
+        manager = _SHARED.get(budget)
+        if manager is None:
+            manager = _SHARED[budget] = CacheManager(budget)
+        return manager

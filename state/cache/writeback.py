@@ -590,6 +590,7 @@ class WriteBackCache(Store):
             "capacity": self.capacity,
             "max_entries": self._max_entries,
             "max_bytes": self._max_bytes,
+            "granted_bytes": self._max_bytes if self._manager is not None else None,
             "estimated_bytes": self.estimated_bytes(),
             "entry_bytes": self._estimator.entry_bytes,
             "policy": self._policy.name,

@@ -140,6 +140,14 @@ def test_query_reports_cache_and_checkpoint_metrics_per_batch(spark, input_dir, 
     assert all(0.0 <= m.cache_hit_ratio <= 1.0 for m in metrics)
 
 
+def test_a_memory_budget_grants_every_instance_its_bytes_in_the_batch_metrics(spark, input_dir, tmp_path):
+    budget = 64 << 20
+    decorated = buffering.cached_state(store="rocksdb")(tweet_stats)
+    _, query = _run(spark, input_dir, decorated, str(tmp_path / "ck"), memory_budget=budget)
+    granted = [p["cache_granted_bytes"] for m in query.batch_metrics for p in m.per_instance]
+    assert granted and all(0 < g <= budget for g in granted)
+
+
 def _fail_first_attempt_midway(marker_dir):
     """tweet_stats that raises in the middle of a partition of batch 1 on the task's first attempt."""
 

@@ -26,7 +26,6 @@ from rocksdict import (
     Rdict,
     ReadOptions,
     WriteBatch,
-    WriteBufferManager,
     WriteOptions,
 )
 
@@ -73,15 +72,14 @@ class _Database:
         self.wal = wal
         self.tables: dict[str, "RocksDBStore"] = {}
         self.closed = False
-        # One memory cap for the whole database: a block cache shared by every table (column
-        # family), with the memtables charged to it (a WriteBufferManager) and the index and
-        # filter blocks kept in it, so RocksDB's memory does not grow with the data it holds.
+        # RocksDB's memory for the whole database: one block cache shared by every table (column
+        # family), and one cap on the memtables of all tables (RocksDB's default is 64 MB per
+        # table, twice over, and would keep a working store's recent data in memory unbounded).
         self.block_cache = Cache(block_cache_bytes)
-        self.write_buffers = WriteBufferManager.new_write_buffer_manager_with_cache(
-            max(1 << 20, block_cache_bytes // 2), False, self.block_cache
-        )
+        self._memtable_bytes = max(1 << 20, block_cache_bytes // 2)
         self._cf_options = self._make_options(bloom_bits_per_key)
         options = self._make_options(bloom_bits_per_key)
+        options.set_db_write_buffer_size(self._memtable_bytes)  # all tables' memtables together
         options.create_if_missing(True)
         options.create_missing_column_families(True)
         existing: list[str] = []
@@ -107,11 +105,10 @@ class _Database:
 
     def _make_options(self, bloom_bits_per_key: float) -> Options:
         options = Options(raw_mode=True)
-        options.set_write_buffer_manager(self.write_buffers)
+        options.set_max_write_buffer_number(2)
+        options.set_write_buffer_size(self._memtable_bytes // 2)
         table = BlockBasedOptions()
         table.set_block_cache(self.block_cache)
-        table.set_cache_index_and_filter_blocks(True)
-        table.set_pin_l0_filter_and_index_blocks_in_cache(True)
         if bloom_bits_per_key:
             # A whole-key bloom filter makes a miss on a new key cheap (no block read).
             table.set_bloom_filter(bloom_bits_per_key, False)
@@ -157,9 +154,11 @@ class RocksDBStore(Store):
         serializer: value serializer (pickle protocol 5 by default).
         table: the table this object reads and writes.
         wal: keep RocksDB's write-ahead log (off: the checkpoint is the durable copy).
-        block_cache_bytes: the cap on RocksDB's memory for this store: one block cache shared by
-            its tables, which also holds the index and filter blocks and is charged for the
-            memtables (half of it at most), so memory does not grow with the data.
+        block_cache_bytes: RocksDB's memory for this store: one block cache of this size shared
+            by its tables, and memtables of all tables together capped at half of it
+            (``db_write_buffer_size``). Index and filter blocks stay outside the cache
+            (about 1.3 bytes per key with the bloom filter): charged to a small cache they
+            made random reads many times slower.
         bloom_bits_per_key: bloom filter bits per key (0 disables it).
     """
 

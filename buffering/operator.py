@@ -69,7 +69,17 @@ def _output_frames(key: tuple, result: Any) -> list[pd.DataFrame]:
             "it must return an iterator of DataFrames (`yield df`)"
         )
     frames = []
-    for item in result:
+    iterator = iter(result)
+    while True:
+        try:
+            item = next(iterator)
+        except StopIteration as stop:
+            if isinstance(stop.value, pd.DataFrame):  # a generator that ends with `return df`: the frame would vanish
+                raise TypeError(
+                    f"the function ended with `return df` for key {key!r} inside a generator; use 'yield df' "
+                    "(the returned frame is not output)"
+                ) from None
+            break
         if item is None:
             continue
         if not isinstance(item, pd.DataFrame):

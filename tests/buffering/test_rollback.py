@@ -216,3 +216,14 @@ def test_without_a_location_the_private_checkpoint_is_deleted_on_close():
     assert os.path.isdir(private)
     runner.close()
     assert not os.path.exists(private)
+
+
+def test_a_generator_that_returns_its_frame_instead_of_yielding_it_is_refused(tmp_path):
+    def fn(key, rows, state):
+        if False:
+            yield None
+        return pd.DataFrame({"k": [key[0]]})
+
+    runner = runner_for(fn, "checkpoint", tmp_path)
+    with pytest.raises(TypeError, match=r"key \(6,\).*use 'yield df'"):
+        runner.process(batch(6))

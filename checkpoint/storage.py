@@ -453,12 +453,7 @@ class CheckpointStorage:
     # ------------------------------------------------------------ starting from a version
     def set_aside_manifests(self) -> list[tuple[str, int]]:
         """``(path, version)`` of the manifests set aside by :meth:`set_aside_after`, by version."""
-        out = []
-        for name in self._fs.listdir(SET_ASIDE_DIR):
-            match = _SET_ASIDE_RE.match(name)
-            if match:
-                out.append((f"{SET_ASIDE_DIR}/{name}", int(match.group(1))))
-        return sorted(out, key=lambda item: item[1])
+        return self._numbered(SET_ASIDE_DIR, _SET_ASIDE_RE)
 
     def set_aside_versions(self) -> list[int]:
         """Versions set aside by :meth:`set_aside_after`, ascending."""
@@ -569,11 +564,15 @@ class CheckpointStorage:
 
     def batch_records(self) -> list[tuple[str, int]]:
         """``(path, version)`` of every processing-time record (and leftover temporary one)."""
+        return self._numbered(BATCHES_DIR, _BATCH_RE)
+
+    def _numbered(self, directory: str, pattern: "re.Pattern[str]") -> list[tuple[str, int]]:
+        """``(path, version)`` of the files of ``directory`` whose name ``pattern`` matches (group 1: the version)."""
         out = []
-        for name in self._fs.listdir(BATCHES_DIR):
-            match = _BATCH_RE.match(name)
+        for name in self._fs.listdir(directory):
+            match = pattern.match(name)
             if match:
-                out.append((f"{BATCHES_DIR}/{name}", int(match.group(1))))
+                out.append((f"{directory}/{name}", int(match.group(1))))
         return sorted(out, key=lambda item: item[1])
 
     # ------------------------------------------------------------ task files

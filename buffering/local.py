@@ -53,7 +53,7 @@ def key_groups_of(frame: pd.DataFrame, key_columns: Sequence[str], key_types: Se
     """Key group of every row: vectorized for one long column, per unique key otherwise."""
     if len(key_columns) == 1 and key_types[0] == "long" and frame[key_columns[0]].dtype.kind == "i":
         return key_groups_of_longs(frame[key_columns[0]].to_numpy(np.int64), max_parallelism)
-    codes, uniques = factorize_keys(frame, list(key_columns))
+    codes, uniques = factorize_keys(frame, list(key_columns), key_types)
     groups = np.fromiter(
         (key_group_from_hash(spark_hash(k, key_types), max_parallelism) for k in uniques),
         dtype=np.int64,
@@ -243,10 +243,6 @@ class LocalRunner:
                     event_ms = event_ms[~late]
                 if len(event_ms):
                     max_event_time = max(max_event_time, int(event_ms.max()))
-            for column in self.key_columns:
-                if frame[column].isna().any():
-                    bad = frame.loc[frame[column].isna(), self.key_columns].iloc[0].to_dict()
-                    raise ValueError(f"key column {column!r} holds a null (first such row's key: {bad}); keys cannot be null")
             assert self.key_types is not None
             groups = key_groups_of(frame, self.key_columns, self.key_types, self.max_parallelism)
             owners = operator_indexes(groups, self.parallelism, self.max_parallelism)

@@ -28,6 +28,7 @@ from state.locks import FileLock, directory_lock
 from state.timers import TimerService
 
 from .buffer import MiniBatchBuffer
+from .protocol import spark_key
 from .decorators import OperatorSpec
 
 STATE_TABLE = "state"
@@ -96,6 +97,7 @@ class OperatorInstance:
         fresh: bool = True,
     ) -> None:
         self.spec = spec
+        self._key_types = key_types
         self.key_columns = list(key_columns)
         self.index = index
         self.parallelism = parallelism
@@ -129,7 +131,6 @@ class OperatorInstance:
                 # The working copy is rebuilt from the checkpoint: never trust leftovers.
                 shutil.rmtree(workdir, ignore_errors=True)
             self.workdir: Optional[str] = workdir
-            self._key_types = key_types
             self.tables: dict[str, Store] = {}
             self._root: Store = self._open_working_store()
         else:
@@ -154,7 +155,9 @@ class OperatorInstance:
             )
         self.state: Store = self.cache if self.cache is not None else state_table
         self.timers = TimerService(self.tables[TIMERS_TABLE])
-        self.buffer = MiniBatchBuffer(self.key_columns, spec.mini_batch)
+        self.buffer = MiniBatchBuffer(self.key_columns, spec.mini_batch, key_types)
+        # Columns of the frames handed to the function (the empty frame of a timeout has them).
+        self._value_columns: list[str] = list(self.key_columns)
         self._pending_keys: set[NormalizedKey] = set()
         self.suspended = False
 
@@ -377,7 +380,13 @@ class OperatorInstance:
             watermark_present=self.watermark_present,
             old_timeout_timestamp=NO_TIMESTAMP if old_timeout is None else old_timeout,
         )
-        result = function(denormalize_key(nkey), iter(()) if rows is None else iter([rows]), state)
+        if rows is not None:
+            self._value_columns = list(rows.columns)
+            values = iter([rows])
+        else:
+            # As Spark: a timed-out key gets one empty frame with the value columns.
+            values = iter([pd.DataFrame(columns=self._value_columns)])
+        result = function(spark_key(nkey, self._key_types), values, state)
         frames = [frame for frame in (result if result is not None else ()) if frame is not None]
         self.metrics.calls += 1
         if state.removed:

@@ -20,6 +20,7 @@ import pandas as pd
 from checkpoint import CheckpointStorage, Manifest, commit
 from state.group_state import NO_TIMESTAMP, GroupStateTimeout, timeout_conf
 from state.keygroups import DEFAULT_MAX_PARALLELISM, check_max_parallelism, key_group_from_hash, operator_indexes
+from state.state_schema import StateSchema
 from state.keys import key_groups_of_longs, normalize_key, normalize_types, spark_hash
 
 from .buffer import factorize_keys
@@ -77,6 +78,9 @@ class LocalRunner:
         watermark_delay_ms: allowed lateness: watermark = max event time - delay.
         clock: processing time in ms (default: wall clock); inject one in tests.
         key_types: Spark types of the key columns (default: from the first batch's dtypes).
+        state_schema: the state's StructType or DDL string, as applyInPandasWithState takes it:
+            a stored state reads back converted as under Spark (an int in a double field is
+            null, a datetime in a date field a date). None: state reads back as stored.
     """
 
     def __init__(
@@ -92,6 +96,7 @@ class LocalRunner:
         watermark_delay_ms: int = 0,
         clock: Optional[Clock] = None,
         key_types: Optional[Iterable[Any]] = None,
+        state_schema: Any = None,
     ) -> None:
         self.spec = spec_of(fn)
         if self.spec.function is None and self.spec.aggregations is None:
@@ -115,6 +120,7 @@ class LocalRunner:
         self.clock: Clock = clock if clock is not None else (lambda: int(time.time() * 1000))
         self._time_offset_ms = 0
         self.key_types = normalize_types(key_types)
+        self.state_schema = StateSchema.of(state_schema) if state_schema is not None else None
         self.storage = CheckpointStorage.of(checkpoint_location) if checkpoint_location is not None else None
         self.version: Optional[int] = None
         self._max_event_time_ms = NO_TIMESTAMP
@@ -157,6 +163,7 @@ class LocalRunner:
                 timeout_conf=self.timeout_conf,
                 watermark_present=watermark_present,
                 storage=self.storage,
+                state_schema=self.state_schema,
             )
             for i in range(self.parallelism)
         ]

@@ -25,6 +25,7 @@ from state import MemoryStore, RocksDBStore, Store, WriteBackCache, key_group_ra
 from state.group_state import NO_TIMESTAMP, GroupState, GroupStateTimeout
 from state.keys import NormalizedKey, denormalize_key, normalize_key
 from state.locks import FileLock, directory_lock
+from state.state_schema import StateSchema
 from state.timers import TimerService
 
 from .buffer import MiniBatchBuffer
@@ -95,8 +96,11 @@ class OperatorInstance:
         storage: Optional[CheckpointStorage] = None,
         workdir: Optional[str] = None,
         fresh: bool = True,
+        state_schema: Optional[StateSchema] = None,
     ) -> None:
         self.spec = spec
+        # Spark's stateStructType: what a stored state reads back as (None: the value as given).
+        self._state_schema = state_schema
         self._key_types = key_types
         self.key_columns = list(key_columns)
         self.index = index
@@ -392,7 +396,8 @@ class OperatorInstance:
         if state.removed:
             self.state.delete(nkey)
         elif state.updated:
-            self.state.put(nkey, state.value)
+            value = state.value if self._state_schema is None else self._state_schema.convert(state.value)
+            self.state.put(nkey, value)
         timeout = state.timeout_timestamp
         if timeout != NO_TIMESTAMP:
             self.timers.set(nkey, timeout)

@@ -31,6 +31,7 @@ from state.base import StoreLockedError
 from state.locks import FileLock, directory_lock, process_alive
 from state.group_state import NO_TIMESTAMP, GroupStateTimeout
 from state.keys import normalize_key
+from state.state_schema import StateSchema
 
 from ..buffer import factorize_keys
 from ..decorators import OperatorSpec
@@ -80,6 +81,8 @@ class TaskPlan:
     sink_dir: Optional[str] = None
     #: The Arrow schema of the output rows (with sink_dir).
     sink_schema: Any = None
+    #: The state's schema (Spark's stateStructType conversions on store); None: no conversion.
+    state_schema: Optional[StateSchema] = None
 
 
 @dataclass(frozen=True)
@@ -224,6 +227,7 @@ def _new_instance(plan: TaskPlan, storage: CheckpointStorage, index: int, workdi
         storage=storage,
         workdir=workdir,
         fresh=fresh,
+        state_schema=plan.state_schema,
     )
 
 

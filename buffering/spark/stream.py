@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from checkpoint import DEFAULT_RETAIN, CheckpointStorage, VersionExistsError, commit
+from state.state_schema import StateSchema
 from state.group_state import NO_TIMESTAMP, GroupStateTimeout, timeout_conf
 from state.keygroups import DEFAULT_MAX_PARALLELISM, check_max_parallelism
 
@@ -134,6 +135,7 @@ class StreamRunner:
         storage_options: Optional[Mapping[str, Any]] = None,
         workdir: Optional[str] = None,
         on_batch: Optional[Callable[[BatchMetrics], None]] = None,
+        state_schema: Any = None,
     ) -> None:
         self.spec = spec_of(fn)
         if self.spec.function is None and self.spec.aggregations is None:
@@ -196,6 +198,7 @@ class StreamRunner:
             combine=self.combine,
             sql_partials=tuple(self.sql_partials or ()),
             workdir=workdir,
+            state_schema=StateSchema.of(state_schema) if state_schema is not None else None,
             # Stable across driver restarts, so a restarted query finds its workers' working stores.
             query_id=xxhash.xxh64_hexdigest(json.dumps([location, self.key_columns, parallelism]).encode()),
         )
@@ -467,6 +470,7 @@ def run_stream(
     spark_checkpoint_location: Optional[str] = None,
     workdir: Optional[str] = None,
     on_batch: Optional[Callable[[BatchMetrics], None]] = None,
+    state_schema: Any = None,
 ) -> Any:
     """Run ``fn`` over the streaming DataFrame ``df``, keyed by ``key``, exactly-once; returns the started query.
 
@@ -498,6 +502,8 @@ def run_stream(
         combine_before_shuffle: pre-aggregate before the shuffle (default: when fn has a mapping combiner).
         retain: committed versions kept (older files are deleted).
         on_batch: called on the driver with each batch's :class:`BatchMetrics`.
+        state_schema: the state's StructType or DDL string, as applyInPandasWithState takes it:
+            a stored state reads back converted as under Spark. None: as stored.
 
     The returned query also has ``batch_metrics`` and ``last_batch_metrics``.
     """
@@ -524,6 +530,7 @@ def run_stream(
         storage_options=storage_options,
         workdir=workdir,
         on_batch=on_batch,
+        state_schema=state_schema,
     )
     writer = df.writeStream.foreachBatch(runner).option(
         "checkpointLocation", _spark_checkpoint(checkpoint_location, spark_checkpoint_location)

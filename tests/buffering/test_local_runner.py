@@ -539,3 +539,26 @@ def test_a_checkpoint_with_null_keys_reads_back_and_verifies(tmp_path):
     assert sorted(zip(table["k"], table["s"], table["state"]), key=repr) == sorted([(None, "x", (1,)), (2, None, (1,))], key=repr)
     done = subprocess.run([sys.executable, "-m", "checkpoint", "inspect", "--verify", str(tmp_path)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_state_schema_stores_state_as_spark_reads_it_back():
+    """With state_schema, the next call reads what Spark would: an int in a double field is null,
+    a datetime in a date field its date (within the call, state.get is the value as given, as in Spark)."""
+    import datetime as dt
+
+    seen: list = []
+
+    def fn(key, rows, state):
+        for _ in rows:
+            pass
+        if state.exists:
+            seen.append(state.get)
+        else:
+            state.update((1, dt.datetime(2024, 5, 6, 7, 8)))
+            seen.append(state.get)
+        return iter(())
+
+    runner = LocalRunner(fn, key="k", state_schema="a double, b date")
+    runner.process(pd.DataFrame({"k": [1]}))
+    runner.process(pd.DataFrame({"k": [1]}))
+    assert seen == [(1, dt.datetime(2024, 5, 6, 7, 8)), (None, dt.date(2024, 5, 6))]

@@ -27,6 +27,7 @@ from __future__ import annotations
 import datetime as dt
 import glob
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -271,6 +272,7 @@ class Scenario:
 
 BASIC = dict(input_schema="value string", key=["value"], output_schema="key string, countAsString string", state_schema="c long")
 FRAMES_PER_KEY = "frames per key with a small maxRecordsPerBatch"
+WATERMARK_BACKLOG = "batches without data; rows between the previous and the current watermark"
 
 SCENARIOS = [
     Scenario("basic", basic, _values(["hello", "this"]), **BASIC),
@@ -329,10 +331,10 @@ SCENARIOS = [
         "event_time_timeout_watermark",
         event_timeout,
         [
-            pd.DataFrame({"key": ["a", "a", "a"], "eventTime": pd.to_datetime([11, 13, 15], unit="s")}),
-            pd.DataFrame({"key": ["a"], "eventTime": pd.to_datetime([4], unit="s")}),
-            pd.DataFrame({"key": ["a"], "eventTime": pd.to_datetime([10], unit="s")}),
-            pd.DataFrame({"key": ["b"], "eventTime": pd.to_datetime([31], unit="s")}),
+            pd.DataFrame({"key": ["a", "a", "a"], "eventTime": pd.to_datetime([11, 13, 15], unit="s").astype("datetime64[us]")}),
+            pd.DataFrame({"key": ["a"], "eventTime": pd.to_datetime([4], unit="s").astype("datetime64[us]")}),
+            pd.DataFrame({"key": ["a"], "eventTime": pd.to_datetime([10], unit="s").astype("datetime64[us]")}),
+            pd.DataFrame({"key": ["b"], "eventTime": pd.to_datetime([31], unit="s").astype("datetime64[us]")}),
         ],
         input_schema="key string, eventTime timestamp",
         key=["key"],
@@ -340,6 +342,9 @@ SCENARIOS = [
         state_schema="maxEventTimeSec long",
         timeout="event",
         watermark=("eventTime", 10_000),
+        # Spark keeps the row at 4 s (batch 1 filters late rows by batch 0's watermark) and fires
+        # a's timeout in a batch without data after the last file; opbuffer does neither.
+        documented={"run_stream": WATERMARK_BACKLOG, "local": WATERMARK_BACKLOG},
     ),
     Scenario(
         "chunking_max_records_2",
@@ -471,10 +476,12 @@ def run_scenario(spark: Any, scenario: Scenario, runner: str, workdir: str) -> l
             )
             if scenario.timeout == "processing":
                 # With a processing-time timeout Spark runs batches without data forever (also under
-                # availableNow): stop once every file is processed and keep the data batches (ids
+                # availableNow, and processAllAvailable never returns): stop once every file is processed and keep the data batches (ids
                 # 0..files-1, one file each), which is what run_stream and LocalRunner run.
                 query = writer.start()
-                query.processAllAvailable()
+                deadline = time.monotonic() + 120
+                while not any(b >= len(scenario.batches) - 1 for b, _ in out) and time.monotonic() < deadline:
+                    time.sleep(0.1)
                 query.stop()
                 return [pdf for b, pdf in sorted(out, key=lambda t: t[0]) if b < len(scenario.batches)]
             query = writer.trigger(availableNow=True).start()

@@ -23,7 +23,7 @@ from checkpoint import CheckpointStorage, CheckpointWriter, Manifest, TaskReport
 from checkpoint.staging import sweep_stale_staging
 from state import MemoryStore, RocksDBStore, Store, WriteBackCache, key_group_range
 from state.group_state import NO_TIMESTAMP, GroupState, GroupStateTimeout
-from state.keys import NormalizedKey, denormalize_key, normalize_key
+from state.keys import NormalizedKey, normalize_key
 from state.locks import FileLock, directory_lock
 from state.state_schema import StateSchema
 from state.timers import TimerService

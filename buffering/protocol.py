@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, Optional, Sequence
+
 import numpy as np
 import pandas as pd
 
@@ -53,10 +55,7 @@ def spark_key(nkey: Any, key_types: Optional[Sequence[str]]) -> tuple:
     key = denormalize_key(nkey)
     if key_types is None:
         return key
-    import numpy as np
-    import pandas as pd
-
-    out = []
+    out: list[Any] = []
     for value, type_name in zip(key, key_types):
         if value is None:
             if type_name in _NAN_NULL_TYPES:

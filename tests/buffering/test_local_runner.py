@@ -124,8 +124,8 @@ def test_process_rejects_a_batch_without_the_key_column():
 def _key_recorder(seen: list):
     def fn(key, rows, state):
         n = state.get[0] if state.exists else 0
-        for frame in rows:
-            n += len(frame)
+        for pdf in rows:
+            n += len(pdf)
         state.update((n,))
         seen.append(key)
         yield pd.DataFrame({"n": [n]})

@@ -39,7 +39,7 @@ import buffering
 from buffering import LocalRunner
 from buffering.spark import run_stream
 
-from .helpers import collect_sink, reference_apply_in_pandas_with_state, stream_of, write_batches
+from .helpers import collect_sink, stream_of, write_batches
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

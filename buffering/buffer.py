@@ -11,7 +11,7 @@ rows (memory O(keys)); with a callable combiner, one combined frame per key.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -22,18 +22,52 @@ from .aggregations import Aggregations
 from .decorators import MiniBatchConfig
 
 
-def factorize_keys(df: pd.DataFrame, key_columns: list[str]) -> tuple[np.ndarray, list[NormalizedKey]]:
-    """Per-row codes into a list of normalized unique keys (first-appearance order)."""
+def factorize_keys(
+    df: pd.DataFrame, key_columns: list[str], key_types: Optional[Sequence[str]] = None
+) -> tuple[np.ndarray, list[NormalizedKey]]:
+    """Per-row codes into a list of normalized unique keys (first-appearance order).
+
+    Nulls are a key as in Spark's grouping: ``None``/``NaN``/``pd.NA``/``NaT`` in
+    a column whose Spark type (``key_types``; else the dtype) is not a double or
+    float is the null element (a long column with nulls arrives as float64 NaN,
+    its other values as whole floats, which are taken back as ints).
+    In a double/float column NaN stays NaN (Spark's NaN is a value), since
+    pandas cannot tell a null double from NaN.
+    """
+    if key_types is not None:
+        kinds = [_kind(t) for t in key_types]
+    else:
+        kinds = ["f" if df[c].dtype.kind == "f" else "" for c in key_columns]
+
+    def element(value: Any, kind: str) -> Any:
+        if kind == "f" or type(value) is not float:
+            return value
+        if value != value:
+            return None  # NaN outside a double/float column is pandas' null
+        return int(value) if kind == "i" and value.is_integer() else value
+
     if len(key_columns) == 1:
-        codes, uniques = pd.factorize(df[key_columns[0]], sort=False, use_na_sentinel=True)
-        if (codes < 0).any():
-            raise ValueError(f"key column {key_columns[0]!r} holds null values; keys cannot be null")
-        return codes.astype(np.int64, copy=False), [normalize_key(u) for u in uniques.tolist()]
+        codes, uniques = pd.factorize(df[key_columns[0]], sort=False, use_na_sentinel=False)
+        kind = kinds[0]
+        return codes.astype(np.int64, copy=False), [normalize_key((element(v, kind),)) for v in uniques.tolist()]
     grouped = df.groupby(key_columns, sort=False, dropna=False)
     codes = grouped.ngroup().to_numpy(dtype=np.int64)
     first_rows = grouped.head(1)[key_columns]
-    uniques = [normalize_key(tuple(row)) for row in first_rows.itertuples(index=False, name=None)]
+    uniques = [
+        normalize_key(tuple(element(v, k) for v, k in zip(row, kinds)))
+        for row in first_rows.itertuples(index=False, name=None)
+    ]
     return codes, uniques
+
+
+_INTEGRAL = frozenset(("long", "bigint", "int", "integer", "short", "smallint", "byte", "tinyint"))
+
+
+def _kind(type_name: str) -> str:
+    """"f": NaN is a value; "i": an integral column (a float64 of one with nulls holds whole floats); "": other."""
+    if type_name in ("double", "float", "real"):
+        return "f"
+    return "i" if type_name in _INTEGRAL else ""
 
 
 @dataclass
@@ -45,8 +79,11 @@ class _Chunk:
 class MiniBatchBuffer:
     """Buffered input of one operator instance, flushed as a whole when a trigger fires."""
 
-    def __init__(self, key_columns: list[str], config: Optional[MiniBatchConfig]) -> None:
+    def __init__(
+        self, key_columns: list[str], config: Optional[MiniBatchConfig], key_types: Optional[Sequence[str]] = None
+    ) -> None:
         self.key_columns = list(key_columns)
+        self.key_types = key_types
         self.config = config
         self.aggregations: Optional[Aggregations] = config.aggregations if config is not None else None
         self.combine_fn: Optional[Callable[[pd.DataFrame], pd.DataFrame]] = (
@@ -107,7 +144,7 @@ class MiniBatchBuffer:
         """Buffer ``frame`` (arrived at ``arrival_ms``); rows keep their order per key."""
         if not len(frame):
             return
-        codes, uniques = factorize_keys(frame, self.key_columns)
+        codes, uniques = factorize_keys(frame, self.key_columns, self.key_types)
         ids = np.empty(len(uniques), dtype=np.int64)
         counts = np.bincount(codes, minlength=len(uniques)).tolist()
         sized = self.config is not None and self.config.max_bytes is not None

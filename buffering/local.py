@@ -23,6 +23,7 @@ from checkpoint import CheckpointCorruptError, CheckpointStorage, Manifest, comm
 from state.cache import CacheManager, check_memory_budget, shared_manager
 from state.group_state import NO_TIMESTAMP, GroupStateTimeout, timeout_conf
 from state.keygroups import DEFAULT_MAX_PARALLELISM, check_max_parallelism, key_group_from_hash, operator_indexes
+from state.state_schema import StateSchema
 from state.keys import key_groups_of_longs, normalize_key, normalize_types, spark_hash
 
 from .buffer import factorize_keys
@@ -57,7 +58,7 @@ def key_groups_of(frame: pd.DataFrame, key_columns: Sequence[str], key_types: Se
     if len(key_columns) == 1 and key_types[0] == "long" and frame[key_columns[0]].dtype.kind == "i":
         return key_groups_of_longs(frame[key_columns[0]].to_numpy(np.int64), max_parallelism)
     _check_hashable_keys(frame, key_columns)
-    codes, uniques = factorize_keys(frame, list(key_columns))
+    codes, uniques = factorize_keys(frame, list(key_columns), key_types)
     columns = list(key_columns)
     groups = np.fromiter(
         (key_group_from_hash(spark_hash(k, key_types, columns), max_parallelism) for k in uniques),
@@ -97,17 +98,11 @@ class LocalRunner:
         watermark_delay_ms: allowed lateness: watermark = max event time - delay.
         clock: processing time in ms (default: wall clock); inject one in tests.
         key_types: Spark types of the key columns (default: from the first batch's dtypes).
-        start_version: start from this retained version instead of the latest (later ones are set aside).
-        checkpoint_key: signs and verifies the checkpoint (default: ``OPBUFFER_CHECKPOINT_KEY``).
         memory_budget: bytes that the state caches of all instances hold together (one
             :class:`~state.CacheManager` per process and budget, shared by every runner that
             names the same budget); each instance's grant is in
             ``stats()["instances"][i]["cache"]["granted_bytes"]``. RocksDB's own memory is
             capped per store (``block_cache_bytes``), not by this budget.
-
-    A failed ``process``/``advance_time`` leaves state, pending rows and timers at
-    the last committed version (without a location the runner keeps a private
-    temporary checkpoint for that), so calling it again counts each row once.
         start_version: start from this retained version instead of the latest (a way
             back, e.g. when the latest is damaged). Once it is restored, the versions
             after it are set aside (``CheckpointStorage.set_aside_after``); version
@@ -116,6 +111,13 @@ class LocalRunner:
         checkpoint_key: sign manifests with this key and refuse any that is unsigned or
             signed with another key, before anything is unpickled (default:
             ``$OPBUFFER_CHECKPOINT_KEY`` when set). See the README on trust.
+        state_schema: the state's StructType or DDL string, as applyInPandasWithState takes it:
+            a stored state reads back converted as under Spark (an int in a double field is
+            null, a datetime in a date field a date). None: state reads back as stored.
+
+    A failed ``process``/``advance_time`` leaves state, pending rows and timers at
+    the last committed version (without a location the runner keeps a private
+    temporary checkpoint for that), so calling it again counts each row once.
     """
 
     def __init__(
@@ -134,6 +136,7 @@ class LocalRunner:
         start_version: Optional[int] = None,
         checkpoint_key: str | bytes | None = None,
         memory_budget: Optional[int] = None,
+        state_schema: Any = None,
     ) -> None:
         self.spec = spec_of(fn)
         if self.spec.function is None and self.spec.aggregations is None:
@@ -174,6 +177,7 @@ class LocalRunner:
             self._private_cleanup = weakref.finalize(self, shutil.rmtree, self._private_dir, True)
             checkpoint_location = self._private_dir
         self.storage = CheckpointStorage.of(checkpoint_location, checkpoint_key=checkpoint_key)
+        self.state_schema = StateSchema.of(state_schema) if state_schema is not None else None
         self.version: Optional[int] = None
         self._highest_version: Optional[int] = None  # of every version ever committed, set-aside ones too
         self._max_event_time_ms = NO_TIMESTAMP
@@ -225,6 +229,7 @@ class LocalRunner:
                 watermark_present=watermark_present,
                 storage=self.storage,
                 manager=self._manager,
+                state_schema=self.state_schema,
             )
             for i in range(self.parallelism)
         ]
@@ -343,10 +348,6 @@ class LocalRunner:
                     event_ms = event_ms[~late]
                 if len(event_ms):
                     max_event_time = max(max_event_time, int(event_ms.max()))
-            for column in self.key_columns:
-                if frame[column].isna().any():
-                    bad = frame.loc[frame[column].isna(), self.key_columns].iloc[0].to_dict()
-                    raise ValueError(f"key column {column!r} holds a null (first such row's key: {bad}); keys cannot be null")
             assert self.key_types is not None
             groups = key_groups_of(frame, self.key_columns, self.key_types, self.max_parallelism)
             owners = operator_indexes(groups, self.parallelism, self.max_parallelism)

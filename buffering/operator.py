@@ -26,9 +26,11 @@ from state.cache import CacheManager
 from state.group_state import NO_TIMESTAMP, GroupState, GroupStateTimeout
 from state.keys import NormalizedKey, denormalize_key, normalize_key
 from state.locks import FileLock, directory_lock
+from state.state_schema import StateSchema
 from state.timers import TimerService
 
 from .buffer import MiniBatchBuffer
+from .protocol import spark_key
 from .decorators import OperatorSpec
 
 STATE_TABLE = "state"
@@ -138,8 +140,12 @@ class OperatorInstance:
         workdir: Optional[str] = None,
         fresh: bool = True,
         manager: Optional[CacheManager] = None,
+        state_schema: Optional[StateSchema] = None,
     ) -> None:
         self.spec = spec
+        # Spark's stateStructType: what a stored state reads back as (None: the value as given).
+        self._state_schema = state_schema
+        self._key_types = key_types
         self.key_columns = list(key_columns)
         self.index = index
         self.parallelism = parallelism
@@ -173,7 +179,6 @@ class OperatorInstance:
                 # The working copy is rebuilt from the checkpoint: never trust leftovers.
                 shutil.rmtree(workdir, ignore_errors=True)
             self.workdir: Optional[str] = workdir
-            self._key_types = key_types
             self.tables: dict[str, Store] = {}
             self._root: Store = self._open_working_store()
         else:
@@ -205,7 +210,9 @@ class OperatorInstance:
             )
         self.state: Store = self.cache if self.cache is not None else state_table
         self.timers = TimerService(self.tables[TIMERS_TABLE])
-        self.buffer = MiniBatchBuffer(self.key_columns, spec.mini_batch)
+        self.buffer = MiniBatchBuffer(self.key_columns, spec.mini_batch, key_types)
+        # Columns of the frames handed to the function (the empty frame of a timeout has them).
+        self._value_columns: list[str] = list(self.key_columns)
         self._pending_keys: set[NormalizedKey] = set()
         self.suspended = False
 
@@ -428,13 +435,20 @@ class OperatorInstance:
             watermark_present=self.watermark_present,
             old_timeout_timestamp=NO_TIMESTAMP if old_timeout is None else old_timeout,
         )
-        key = denormalize_key(nkey)
-        frames = _output_frames(key, function(key, iter(()) if rows is None else iter([rows]), state))
+        if rows is not None:
+            self._value_columns = list(rows.columns)
+            values = iter([rows])
+        else:
+            # As Spark: a timed-out key gets one empty frame with the value columns.
+            values = iter([pd.DataFrame(columns=self._value_columns)])
+        result = function(spark_key(nkey, self._key_types), values, state)
+        frames = _output_frames(denormalize_key(nkey), result)  # errors name the key in plain Python
         self.metrics.calls += 1
         if state.removed:
             self.state.delete(nkey)
         elif state.updated:
-            self.state.put(nkey, state.value)
+            value = state.value if self._state_schema is None else self._state_schema.convert(state.value)
+            self.state.put(nkey, value)
         timeout = state.timeout_timestamp
         if timeout != NO_TIMESTAMP:
             self.timers.set(nkey, timeout)

@@ -82,7 +82,12 @@ def read_state(
     for i, name in enumerate(names):
         columns[name] = [k[i] if i < len(k) else None for _, k, _ in rows]
     columns[value_name] = [v for _, _, v in rows]
-    return pd.DataFrame(columns)
+    out = pd.DataFrame(columns)
+    for name in names:
+        if any(value is None for value in columns[name]):
+            # A null key element stays None: pandas would turn [2, None] into [2.0, NaN].
+            out[name] = pd.Series(columns[name], dtype=object)
+    return out
 
 
 def describe(

@@ -1,7 +1,7 @@
 """Keys: normalization, canonical bytes and Spark-compatible key groups.
 
 A key is a tuple of scalars (``int``, ``float``, ``str``, ``bytes``, ``bool``,
-``datetime.date``, ``datetime.datetime``); a bare scalar means a 1-tuple.
+``datetime.date``, ``datetime.datetime``) or nulls; a bare scalar means a 1-tuple.
 numpy/pandas scalars are converted to Python scalars first, so ``np.int64(5)``,
 ``5`` and ``(5,)`` are one key everywhere.
 
@@ -11,6 +11,11 @@ other type is tagged as ``(tag, value)``. The tag keeps apart keys Python
 would merge (``1 == 1.0 == True``) but Spark and the canonical bytes keep
 distinct; since a key never holds a tuple, a tagged element cannot collide
 with a user's value.
+
+A null column value (``None``, ``pd.NA``, ``pd.NaT``) is the element
+``None``: Spark groups nulls as one key, so ``(None,)`` and ``(None, "x")`` are
+keys. NaN is a value (Spark groups every NaN as one key, apart from null): all
+NaNs normalize to one float object, so they are one dict key.
 
 *Canonical bytes* are equal exactly when normalized keys are equal, in every
 process and Python version (no use of the salted ``hash()``).
@@ -46,6 +51,9 @@ _T_DATE = "d"
 _T_DATETIME = "t"
 
 _PLAIN = frozenset((int, str, bytes))
+# The one NaN of normalized keys: tuples compare elements by identity first, so
+# keys holding this object are equal (and hash alike) although NaN != NaN.
+_NAN = float("nan")
 _TAG_TYPES: dict[str, type] = {_T_FLOAT: float, _T_BOOL: bool, _T_DATE: _dt.date, _T_DATETIME: _dt.datetime}
 
 
@@ -59,9 +67,11 @@ def _normalize_scalar(value: Any, key: Any) -> Hashable:
         return value
     if t is bool:
         return (_T_BOOL, value)
+    if value is None:
+        return None
     if t is float:
         if math.isnan(value):
-            raise ValueError(f"key {key!r}: NaN is not a valid key value")
+            return (_T_FLOAT, _NAN)
         return (_T_FLOAT, value + 0.0)  # -0.0 + 0.0 == 0.0: Spark groups -0.0 with 0.0
     if t is _dt.datetime:
         if value.tzinfo is not None and value.utcoffset() is not None:
@@ -72,8 +82,6 @@ def _normalize_scalar(value: Any, key: Any) -> Hashable:
         return (_T_DATETIME, value)
     if t is _dt.date:
         return (_T_DATE, value)
-    if value is None:
-        raise ValueError(f"key {key!r}: None is not a valid key value")
     if t is tuple:
         # An element that is already normalized (tagged), so that normalize_key is idempotent.
         if len(value) == 2 and type(value[0]) is str and _TAG_TYPES.get(value[0]) is type(value[1]):
@@ -86,13 +94,13 @@ def _normalize_scalar(value: Any, key: Any) -> Hashable:
         if type(value).__name__ == "Timestamp":
             return _normalize_scalar(value.to_pydatetime(), key)
         if type(value).__name__ in ("NaTType", "NAType"):
-            raise ValueError(f"key {key!r}: {value!r} is not a valid key value")
+            return None
     if module == "numpy" and item is not None:
         if type(value).__name__ == "datetime64":
             import pandas as pd
 
             if pd.isna(value):
-                raise ValueError(f"key {key!r}: {value!r} is not a valid key value")
+                return None
             return _normalize_scalar(pd.Timestamp(value).to_pydatetime(), key)
         return _normalize_scalar(item(), key)
     if isinstance(value, bool):
@@ -170,6 +178,7 @@ _B_BOOL = 0x05
 _B_DATE = 0x06
 _B_DATETIME_NAIVE = 0x07
 _B_DATETIME_UTC = 0x08
+_B_NULL = 0x00  # no payload
 
 _pack_q = struct.Struct(">q").pack
 _pack_d = struct.Struct(">d").pack
@@ -205,6 +214,8 @@ def encode_key(nkey: NormalizedKey) -> bytes:
             parts.append(b"\x02" + _pack_I(len(raw)) + raw)
         elif t is bytes:
             parts.append(b"\x03" + _pack_I(len(element)) + element)
+        elif element is None:
+            parts.append(b"\x00")
         else:
             tag, value = element
             if tag == _T_FLOAT:
@@ -235,8 +246,11 @@ def decode_key(data: bytes, offset: int = 0) -> NormalizedKey:
             raw = data[i + 4 : i + 4 + length]
             out.append(raw.decode("utf-8", "surrogatepass") if tag == _B_STR else bytes(raw))
             i += 4 + length
+        elif tag == _B_NULL:
+            out.append(None)
         elif tag == _B_FLOAT:
-            out.append((_T_FLOAT, _unpack_d(data, i)[0]))
+            value = _unpack_d(data, i)[0]
+            out.append((_T_FLOAT, _NAN if value != value else value))
             i += 8
         elif tag == _B_BOOL:
             out.append((_T_BOOL, data[i] == 1))
@@ -362,7 +376,8 @@ def spark_hash(
 ) -> int:
     """Spark's ``xxhash64(col1, col2, ...)`` (seed 42) of a normalized key, as a signed long.
 
-    With ``types``, each value must fit its column's Spark type, else
+    As in Spark, a null column is skipped: the hash so far passes through unchanged.
+    With ``types``, each other value must fit its column's Spark type, else
     :class:`KeyTypeError` names the value, the type and (given ``columns``) the column.
     """
     h = SPARK_HASH_SEED
@@ -374,12 +389,16 @@ def spark_hash(
                 h = _xxh(_pack_le_q(element), h)
             elif t is str:
                 h = _xxh(element.encode("utf-8", "surrogatepass"), h)
+            elif element is None:
+                continue
             else:
                 h = _xxh(_element_bytes(element, None), h)
     else:
         if len(types) != len(nkey):
             raise ValueError(f"key {denormalize_key(nkey)!r} has {len(nkey)} columns but {len(types)} types were given")
         for i, (element, type_name) in enumerate(zip(nkey, types)):
+            if element is None:
+                continue
             try:
                 h = _xxh(_element_bytes(element, type_name), h)
             except KeyTypeError as exc:

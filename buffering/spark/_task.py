@@ -32,6 +32,7 @@ from state.cache import shared_manager
 from state.locks import FileLock, directory_lock, process_alive
 from state.group_state import NO_TIMESTAMP, GroupStateTimeout
 from state.keys import normalize_key
+from state.state_schema import StateSchema
 
 from ..buffer import factorize_keys
 from ..decorators import OperatorSpec
@@ -85,6 +86,8 @@ class TaskPlan:
     memory_budget: Optional[int] = None
     #: The key manifests are verified against (the driver's); kept out of repr, so out of any log line.
     checkpoint_key: Optional[bytes] = field(default=None, repr=False)
+    #: The state's schema (Spark's stateStructType conversions on store); None: no conversion.
+    state_schema: Optional[StateSchema] = None
 
 
 @dataclass(frozen=True)
@@ -237,6 +240,7 @@ def _new_instance(plan: TaskPlan, storage: CheckpointStorage, index: int, workdi
         fresh=fresh,
         # One manager per worker process and budget: workers are reused across tasks and batches.
         manager=shared_manager(plan.memory_budget) if plan.memory_budget is not None else None,
+        state_schema=plan.state_schema,
     )
 
 

@@ -33,6 +33,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from checkpoint import DEFAULT_RETAIN, CheckpointStorage, VersionExistsError, commit
 from state.cache import check_memory_budget
+from state.state_schema import StateSchema
 from state.group_state import NO_TIMESTAMP, GroupStateTimeout, timeout_conf
 from state.keygroups import DEFAULT_MAX_PARALLELISM, check_max_parallelism
 
@@ -138,6 +139,7 @@ class StreamRunner:
         start_version: Optional[int] = None,
         checkpoint_key: str | bytes | None = None,
         memory_budget: Optional[int] = None,
+        state_schema: Any = None,
     ) -> None:
         self.spec = spec_of(fn)
         self.memory_budget = check_memory_budget(memory_budget)
@@ -204,6 +206,7 @@ class StreamRunner:
             sql_partials=tuple(self.sql_partials or ()),
             workdir=workdir,
             memory_budget=self.memory_budget,
+            state_schema=StateSchema.of(state_schema) if state_schema is not None else None,
             # Stable across driver restarts, so a restarted query finds its workers' working stores.
             query_id=xxhash.xxh64_hexdigest(json.dumps([location, self.key_columns, parallelism]).encode()),
             checkpoint_key=self.storage.checkpoint_key,
@@ -495,6 +498,7 @@ def run_stream(
     start_version: Optional[int] = None,
     checkpoint_key: str | bytes | None = None,
     memory_budget: Optional[int] = None,
+    state_schema: Any = None,
 ) -> Any:
     """Run ``fn`` over the streaming DataFrame ``df``, keyed by ``key``, exactly-once; returns the started query.
 
@@ -541,6 +545,8 @@ def run_stream(
             signed ones before anything is unpickled, on the driver and in every task
             (default: ``$OPBUFFER_CHECKPOINT_KEY`` on the driver). It reaches the tasks
             inside the task plan, never in a log line.
+        state_schema: the state's StructType or DDL string, as applyInPandasWithState takes it:
+            a stored state reads back converted as under Spark. None: as stored.
 
     The returned query also has ``batch_metrics`` and ``last_batch_metrics``.
     """
@@ -572,6 +578,7 @@ def run_stream(
         start_version=start_version,
         checkpoint_key=checkpoint_key,
         memory_budget=memory_budget,
+        state_schema=state_schema,
     )
     writer = df.writeStream.foreachBatch(runner).option(
         "checkpointLocation", _spark_checkpoint(checkpoint_location, spark_checkpoint_location)

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from buffering import Count, LocalRunner, MiniBatchBuffer, MiniBatchConfig, Sum, mini_batch
-from state.keys import denormalize_key
+from state.keys import denormalize_key, normalize_key
 
 from .helpers import Clock, Recorder, count_sum, count_sum_of_partials, frame, plain, random_batches
 
@@ -402,10 +402,21 @@ def test_buffer_snapshot_and_restore_give_back_the_same_pending_rows():
     assert [(k, f["v"].tolist()) for k, f in copy.drain()] == [(k, f["v"].tolist()) for k, f in buffer.drain()]
 
 
-def test_buffer_rejects_null_keys():
-    buffer = MiniBatchBuffer(["k"], MiniBatchConfig(max_rows=10))
-    with pytest.raises(ValueError, match="null"):
-        buffer.add(pd.DataFrame({"k": [1.0, None], "v": [1, 2]}), arrival_ms=0)
+def test_null_keys_are_grouped_as_one_key_as_spark_groups_them():
+    buffer = MiniBatchBuffer(["k", "s"], MiniBatchConfig(max_rows=10), key_types=("long", "string"))
+    frame = pd.DataFrame({"k": [1.0, None, np.nan, None], "s": ["a", None, None, "x"], "v": [1, 2, 3, 4]})
+    buffer.add(frame, arrival_ms=0)
+    assert [(k, f["v"].tolist()) for k, f in buffer.drain()] == [((1, "a"), [1]), ((None, None), [2, 3]), ((None, "x"), [4])]
+
+
+def test_nan_in_a_double_key_column_is_a_key_of_its_own_and_null_elsewhere():
+    doubles = MiniBatchBuffer(["k"], MiniBatchConfig(max_rows=10), key_types=("double",))
+    doubles.add(pd.DataFrame({"k": [np.nan, 1.0, np.nan], "v": [1, 2, 3]}), arrival_ms=0)
+    drained = [(k, f["v"].tolist()) for k, f in doubles.drain()]
+    assert [v for _, v in drained] == [[1, 3], [2]] and drained[0][0] == normalize_key(float("nan"))
+    longs = MiniBatchBuffer(["k"], MiniBatchConfig(max_rows=10), key_types=("long",))
+    longs.add(pd.DataFrame({"k": [np.nan, 1.0], "v": [1, 2]}), arrival_ms=0)
+    assert [k for k, _ in longs.drain()] == [(None,), 1]  # 1.0 of a long column with nulls is the long 1
 
 
 # ------------------------------------------------------------------ accumulators combined upstream

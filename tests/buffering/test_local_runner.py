@@ -121,10 +121,47 @@ def test_process_rejects_a_batch_without_the_key_column():
         runner.process([{"k": 1, "v": 1}])
 
 
-def test_process_rejects_null_keys():
-    runner = LocalRunner(count_sum, key="k", clock=Clock())
-    with pytest.raises(ValueError, match="null"):
-        runner.process(pd.DataFrame({"k": [1.0, np.nan], "v": [1, 2]}))
+def _key_recorder(seen: list):
+    def fn(key, rows, state):
+        n = state.get[0] if state.exists else 0
+        for pdf in rows:
+            n += len(pdf)
+        state.update((n,))
+        seen.append(key)
+        yield pd.DataFrame({"n": [n]})
+
+    return fn
+
+
+def test_null_keys_are_one_group_each_handed_as_spark_hands_them_and_survive_a_restart(tmp_path):
+    seen: list = []
+    batch = pd.DataFrame({"k": [1.0, np.nan, np.nan], "s": ["a", None, None], "v": [1, 2, 3]})
+    with LocalRunner(_key_recorder(seen), key=["k", "s"], key_types=["long", "string"], checkpoint_location=str(tmp_path)) as runner:
+        runner.process(batch)
+        assert runner.state() == {(1, "a"): (1,), (None, None): (2,)}
+    with LocalRunner(_key_recorder(seen), key=["k", "s"], key_types=["long", "string"], checkpoint_location=str(tmp_path)) as runner:
+        out = runner.process(batch.iloc[1:])
+        assert out["n"].tolist() == [4]
+        assert runner.get_state((None, None)) == (4,)
+    assert [type(e) for e in seen[0]] == [np.int64, str]
+    null_key = seen[1]
+    assert np.isnan(null_key[0]) and type(null_key[0]) is np.float64 and null_key[1] is None  # as Spark's s[0]
+
+
+def test_a_timed_out_key_gets_one_empty_frame_with_the_value_columns():
+    frames: list = []
+
+    def fn(key, rows, state):
+        frames.extend(rows)
+        if not state.hasTimedOut:
+            state.setTimeoutDuration(10)
+        return iter(())
+
+    clock = Clock()
+    runner = LocalRunner(fn, key="k", timeout="processing", clock=clock)
+    runner.process(pd.DataFrame({"k": [1], "v": [2]}))
+    runner.advance_time(20)
+    assert len(frames) == 2 and frames[1].empty and list(frames[1].columns) == ["k", "v"]
 
 
 def test_advance_time_rejects_going_backwards():
@@ -139,7 +176,8 @@ def test_advance_time_before_any_batch_does_nothing():
 
 
 # ---------------------------------------------------------------- keys
-def test_key_is_a_tuple_of_python_scalars_in_key_column_order():
+def test_key_is_a_tuple_of_spark_typed_scalars_in_key_column_order():
+    """As Spark's applyInPandasWithState (s[0] of each key Series): np.int64 for a long, str for a string."""
     rec = Recorder(lambda key, rows, state: iter(()))
     runner = LocalRunner(rec, key=["name", "id"], clock=Clock())
     runner.process(pd.DataFrame({"id": np.array([7, 7, 8], dtype=np.int64), "name": ["a", "a", "b"], "v": [1, 2, 3]}))
@@ -147,7 +185,7 @@ def test_key_is_a_tuple_of_python_scalars_in_key_column_order():
     assert keys == [("a", 7), ("b", 8)]
     for key in keys:
         assert type(key) is tuple
-        assert type(key[0]) is str and type(key[1]) is int
+        assert type(key[0]) is str and type(key[1]) is np.int64
 
 
 def test_a_single_column_key_is_a_one_element_tuple():
@@ -155,7 +193,7 @@ def test_a_single_column_key_is_a_one_element_tuple():
     runner = LocalRunner(rec, key="k", clock=Clock())
     runner.process(pd.DataFrame({"k": np.array([3], dtype=np.int32), "v": [1]}))
     [(key, _, _)] = rec.calls
-    assert key == (3,) and type(key[0]) is int
+    assert key == (3,) and type(key[0]) is np.int32  # an int32 column is a Spark int
 
 
 def test_two_column_keys_keep_separate_state_per_pair():
@@ -217,7 +255,8 @@ def test_processing_time_timeout_fires_on_advance_time_with_hasTimedOut_and_no_r
     assert sorted(out["k"]) == [1, 2] and set(out["event"]) == {"timeout"}
     timeouts = [(k, frames, timed_out) for k, frames, timed_out in rec.calls if timed_out]
     assert sorted(k for k, _, _ in timeouts) == [(1,), (2,)]
-    assert all(frames == [] for _, frames, _ in timeouts)
+    # As Spark: one empty frame with the value columns.
+    assert all(len(frames) == 1 and frames[0].empty and list(frames[0].columns) == ["k", "v"] for _, frames, _ in timeouts)
     assert runner.state() == {}
 
 
@@ -347,7 +386,8 @@ def test_event_time_timeouts_fire_with_hasTimedOut_and_no_rows():
     runner.process(frame(k=[2], ts=[5_000]))
     runner.advance_time(0)
     [(key, frames, timed_out)] = [c for c in rec.calls if c[2]]
-    assert (key, frames, timed_out) == ((1,), [], True)
+    assert (key, timed_out) == ((1,), True)
+    assert len(frames) == 1 and frames[0].empty
 
 
 def test_rows_older_than_the_watermark_are_dropped():
@@ -483,3 +523,42 @@ def test_checkpointed_state_equals_the_runners_state(tmp_path):
     for _ in range(5):
         runner.process(frame(k=rng.integers(0, 6, 9), v=rng.integers(0, 9, 9)))
     assert checkpoint_table(location) == plain(runner.state())
+
+
+def test_a_checkpoint_with_null_keys_reads_back_and_verifies(tmp_path):
+    import subprocess
+    import sys
+
+    from checkpoint import read_state
+
+    seen: list = []
+    batch = pd.DataFrame({"k": [np.nan, 2.0], "s": ["x", None], "v": [1, 2]})
+    with LocalRunner(_key_recorder(seen), key=["k", "s"], key_types=["long", "string"], checkpoint_location=str(tmp_path)) as runner:
+        runner.process(batch)
+    table = read_state(str(tmp_path))
+    assert sorted(zip(table["k"], table["s"], table["state"]), key=repr) == sorted([(None, "x", (1,)), (2, None, (1,))], key=repr)
+    done = subprocess.run([sys.executable, "-m", "checkpoint", "inspect", "--verify", str(tmp_path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_state_schema_stores_state_as_spark_reads_it_back():
+    """With state_schema, the next call reads what Spark would: an int in a double field is null,
+    a datetime in a date field its date (within the call, state.get is the value as given, as in Spark)."""
+    import datetime as dt
+
+    seen: list = []
+
+    def fn(key, rows, state):
+        for _ in rows:
+            pass
+        if state.exists:
+            seen.append(state.get)
+        else:
+            state.update((1, dt.datetime(2024, 5, 6, 7, 8)))
+            seen.append(state.get)
+        return iter(())
+
+    runner = LocalRunner(fn, key="k", state_schema="a double, b date")
+    runner.process(pd.DataFrame({"k": [1]}))
+    runner.process(pd.DataFrame({"k": [1]}))
+    assert seen == [(1, dt.datetime(2024, 5, 6, 7, 8)), (None, dt.date(2024, 5, 6))]

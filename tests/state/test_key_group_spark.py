@@ -294,3 +294,14 @@ def test_timestamp_ntz_keys_match_spark(spark):
         spark, [StructField("k", TimestampNTZType(), False)], rows, types=["timestamp_ntz"], moduli=(128, 100),
         check_inferred=True,
     )
+
+
+# ---------------------------------------------------------------- nulls
+
+
+def test_keys_with_null_columns_match_spark(spark):
+    """Spark's xxhash64 skips a null column (the hash so far passes through); so must key_group."""
+    fields = [StructField("a", LongType(), True), StructField("b", StringType(), True), StructField("c", DoubleType(), True)]
+    rows = [(None, None, None), (None, "x", 1.5), (7, None, 2.5), (7, "x", None), (None, None, float("nan")), (0, "", None)]
+    assert_key_groups_match(spark, fields, rows, types=["long", "string", "double"], moduli=(128, 7))
+    assert_key_groups_match(spark, [StructField("a", LongType(), True)], [(None,), (3,)], types=["long"], moduli=(128,))

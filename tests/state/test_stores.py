@@ -159,7 +159,7 @@ def test_every_spelling_of_a_key_in_the_pool_reaches_one_entry(any_store):
     assert len(model) == len(REPRESENTATIVE)
 
 
-@pytest.mark.parametrize("bad_key", [[1], None, float("nan"), 1 << 64, ((1, 2),)], ids=repr)
+@pytest.mark.parametrize("bad_key", [[1], 1 << 64, ((1, 2),)], ids=repr)
 def test_every_operation_rejects_an_unsupported_key(any_store, bad_key):
     for call in (
         lambda: any_store.get(bad_key),

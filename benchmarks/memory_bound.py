@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None) -> dict:
             log(f"{policy} / {kind}: {keys:,} keys ...")
             r = run_config(config)
             ratio = r["peak_growth_bytes"] / args.max_bytes
+            log(f"  {policy} / {kind}: peak RSS growth {r['peak_growth_bytes'] / 2**20:.1f} MB = {ratio:.2f} x max_bytes")
             results[f"{policy}/{kind}"] = dict(r, keys=keys, ratio=ratio)
             rows.append([policy, kind, f"{keys:,}", f"{r['peak_growth_bytes'] / 2**20:.1f}",
                          f"{r['end_growth_bytes'] / 2**20:.1f}", f"{r['estimated_bytes'] / 2**20:.1f}",

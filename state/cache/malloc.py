@@ -10,7 +10,8 @@ Pinning it (``mallopt(M_MMAP_THRESHOLD)``) returns large blocks to the OS
 when they are freed; small allocations are unaffected.
 
 Applied once per process by a cache with a byte bound or a manager (a bound
-on memory); ``OPBUFFER_MALLOC_TUNING=0`` in the environment turns it off.
+on memory), which also calls ``malloc_trim`` after every capacity's worth of
+evictions; ``OPBUFFER_MALLOC_TUNING=0`` in the environment turns both off.
 A no-op where the C library is not glibc.
 """
 
@@ -24,6 +25,7 @@ import sys
 M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD_BYTES = 128 * 1024
 _tuned: bool | None = None
+_trim: "ctypes._FuncPointer | None" = None
 
 
 def pin_mmap_threshold() -> bool:
@@ -41,4 +43,19 @@ def pin_mmap_threshold() -> bool:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     _tuned = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+    if _tuned:
+        global _trim
+        _trim = getattr(libc, "malloc_trim", None)
+        if _trim is not None:
+            _trim.argtypes = [ctypes.c_size_t]
     return _tuned
+
+
+def release_free_memory() -> None:
+    """Hand the heap's free pages back to the OS (``malloc_trim(0)``; a few ms); no-op unless pinned.
+
+    A cache that evicted a capacity's worth of entries has freed about that
+    much memory in pieces; glibc keeps such pages until asked.
+    """
+    if _trim is not None:
+        _trim(0)

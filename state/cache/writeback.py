@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 from ..base import MISSING, Store, StoreClosedError, StoreError
 from ..keys import NormalizedKey, denormalize_key, normalize_key
 from .estimator import MemoryEstimator
-from .malloc import pin_mmap_threshold
+from .malloc import pin_mmap_threshold, release_free_memory
 from .policies import CachePolicy, PolicySpec, make_policy
 
 if TYPE_CHECKING:
@@ -175,8 +175,11 @@ class WriteBackCache(Store):
         self._closed = False
         # After a put: watermark check and, with a byte bound, size sampling of updated values.
         self._after_put = self._watermarks or max_bytes is not None or manager is not None
-        if max_bytes is not None or manager is not None:
-            pin_mmap_threshold()  # a bound on memory: freed tables must leave the process
+        # A bound on memory: freed tables and entries must leave the process (see malloc.py).
+        self._trims = max_bytes is not None or manager is not None
+        if self._trims:
+            pin_mmap_threshold()
+        self._evictions_at_trim = 0
 
         self._misses = self._loads_found = self._evictions = 0
         self._syncs = self._writes = self._write_batches = self._inserts = 0
@@ -426,6 +429,9 @@ class WriteBackCache(Store):
                     raise
             if len(dirty) > self._low_n:
                 self._sync(self._sync_step)
+        if self._trims and self._evictions - self._evictions_at_trim >= max(self._capacity, 65_536):
+            self._evictions_at_trim = self._evictions
+            release_free_memory()
 
     def _sync(self, count: int) -> None:
         """Write the ``count`` least recently modified dirty entries; they stay cached, clean.

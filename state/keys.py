@@ -277,6 +277,9 @@ _INT_TYPES = {"int", "integer", "short", "smallint", "byte", "tinyint", "date", 
 _DOUBLE_TYPES = {"double"}
 _FLOAT_TYPES = {"float", "real"}
 _BYTES_TYPES = {"string", "binary"}
+_TIMESTAMP_TYPES = {"timestamp", "timestamp_ntz"}
+# Half the range of each integral type: a value v fits when -limit <= v < limit.
+_INT_LIMITS = {"int": 1 << 31, "integer": 1 << 31, "short": 1 << 15, "smallint": 1 << 15, "byte": 1 << 7, "tinyint": 1 << 7}
 SUPPORTED_SPARK_TYPES = frozenset(_LONG_TYPES | _INT_TYPES | _DOUBLE_TYPES | _FLOAT_TYPES | _BYTES_TYPES)
 
 _pack_le_q = struct.Struct("<q").pack
@@ -320,21 +323,38 @@ def _element_bytes(element: Hashable, type_name: str | None) -> bytes:
             type_name = "date"
         else:
             type_name = "timestamp"
-    elif not _fits(tag, value, type_name):
-        raise KeyTypeError(value, type_name)
+    # Each branch takes only what fits its Spark type; anything else is a KeyTypeError.
     if type_name in _LONG_TYPES:
-        if tag == _T_DATETIME:
+        if tag is None and type(value) is int:
+            return _pack_le_q(value)
+        if tag == _T_DATETIME and type_name in _TIMESTAMP_TYPES:
             return _pack_le_q(_micros(value)[0])
-        return _pack_le_q(int(value))
-    if type_name in _BYTES_TYPES:
-        return value.encode("utf-8", "surrogatepass") if type(value) is str else bytes(value)
-    if type_name in _INT_TYPES:
-        if tag == _T_DATE:
-            return _pack_le_i((value - _EPOCH_DATE).days)
-        return _pack_le_i(int(value))
-    if type_name in _DOUBLE_TYPES:
-        return _pack_le_d(float(value) + 0.0)
-    return _pack_le_f(float(value) + 0.0)
+    elif type_name in _BYTES_TYPES:
+        if type(value) is str:
+            if type_name == "string":
+                return value.encode("utf-8", "surrogatepass")
+        elif type(value) is bytes and type_name == "binary":
+            return value
+    elif type_name in _INT_TYPES:
+        if type_name == "date":
+            if tag == _T_DATE:
+                return _pack_le_i((value - _EPOCH_DATE).days)
+        elif type_name == "boolean":
+            if tag == _T_BOOL:
+                return _pack_le_i(int(value))
+        elif tag is None and type(value) is int and -_INT_LIMITS[type_name] <= value < _INT_LIMITS[type_name]:
+            return _pack_le_i(value)
+    elif tag == _T_FLOAT or (tag is None and type(value) is int):  # double, float
+        return _pack_le_d(float(value) + 0.0) if type_name in _DOUBLE_TYPES else _pack_le_f(float(value) + 0.0)
+    raise KeyTypeError(value, type_name)
+
+
+def _misfits(element: Hashable, type_name: str | None) -> bool:
+    try:
+        _element_bytes(element, type_name)
+    except KeyTypeError:
+        return True
+    return False
 
 
 class KeyTypeError(TypeError, ValueError):
@@ -346,29 +366,6 @@ class KeyTypeError(TypeError, ValueError):
         super().__init__(
             f"key value {value!r}{where} ({type(value).__name__}) does not fit its declared Spark type {type_name!r}"
         )
-
-
-_INT_RANGES = {"int": 32, "integer": 32, "short": 16, "smallint": 16, "byte": 8, "tinyint": 8}
-
-
-def _fits(tag: Any, value: Any, type_name: str) -> bool:
-    """Whether a normalized key element is a value of Spark type ``type_name``."""
-    if type_name in ("long", "bigint"):
-        return tag is None and type(value) is int
-    if type_name in ("timestamp", "timestamp_ntz"):
-        return tag == _T_DATETIME or (tag is None and type(value) is int)
-    if type_name in _INT_RANGES:
-        bits = _INT_RANGES[type_name]
-        return tag is None and type(value) is int and -(1 << (bits - 1)) <= value < 1 << (bits - 1)
-    if type_name == "date":
-        return tag == _T_DATE
-    if type_name == "boolean":
-        return tag == _T_BOOL
-    if type_name == "string":
-        return tag is None and type(value) is str
-    if type_name == "binary":
-        return tag is None and type(value) is bytes
-    return tag == _T_FLOAT or (tag is None and type(value) is int)  # double, float
 
 
 def spark_hash(
@@ -396,15 +393,15 @@ def spark_hash(
     else:
         if len(types) != len(nkey):
             raise ValueError(f"key {denormalize_key(nkey)!r} has {len(nkey)} columns but {len(types)} types were given")
-        for i, (element, type_name) in enumerate(zip(nkey, types)):
-            if element is None:
-                continue
-            try:
-                h = _xxh(_element_bytes(element, type_name), h)
-            except KeyTypeError as exc:
-                if columns is None:
-                    raise
-                raise KeyTypeError(exc.value, exc.type_name, columns[i]) from None
+        try:
+            for element, type_name in zip(nkey, types):
+                if element is not None:
+                    h = _xxh(_element_bytes(element, type_name), h)
+        except KeyTypeError as exc:
+            if columns is None:
+                raise
+            i = next(i for i, element in enumerate(nkey) if element is not None and _misfits(element, types[i]))
+            raise KeyTypeError(exc.value, exc.type_name, columns[i]) from None
     return h - (1 << 64) if h >= 1 << 63 else h
 
 

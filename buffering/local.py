@@ -57,9 +57,12 @@ def key_groups_of(frame: pd.DataFrame, key_columns: Sequence[str], key_types: Se
     """Key group of every row: vectorized for one long column, per unique key otherwise."""
     if len(key_columns) == 1 and key_types[0] == "long" and frame[key_columns[0]].dtype.kind == "i":
         return key_groups_of_longs(frame[key_columns[0]].to_numpy(np.int64), max_parallelism)
-    _check_hashable_keys(frame, key_columns)
-    codes, uniques = factorize_keys(frame, list(key_columns), key_types)
     columns = list(key_columns)
+    try:
+        codes, uniques = factorize_keys(frame, columns, key_types)
+    except TypeError:
+        _raise_for_unhashable_keys(frame, columns)  # names the column and value when that is the cause
+        raise
     groups = np.fromiter(
         (key_group_from_hash(spark_hash(k, key_types, columns), max_parallelism) for k in uniques),
         dtype=np.int64,
@@ -68,8 +71,11 @@ def key_groups_of(frame: pd.DataFrame, key_columns: Sequence[str], key_types: Se
     return groups[codes]
 
 
-def _check_hashable_keys(frame: pd.DataFrame, key_columns: Sequence[str]) -> None:
-    """A key column of lists, dicts or sets is an error naming the column and the first such value."""
+def _raise_for_unhashable_keys(frame: pd.DataFrame, key_columns: Sequence[str]) -> None:
+    """A key column of lists, dicts or sets is an error naming the column and the first such value.
+
+    Called only once grouping the keys failed: the per-row look is no cost of a good batch.
+    """
     for column in key_columns:
         series = frame[column]
         if series.dtype != object:

@@ -180,14 +180,13 @@ class OperatorInstance:
                 shutil.rmtree(workdir, ignore_errors=True)
             self.workdir: Optional[str] = workdir
             self.tables: dict[str, Store] = {}
-            self._root: Store = self._open_working_store()
+            self._open_working_store()
         else:
             self.workdir = None
             root_memory = MemoryStore(name=STATE_TABLE, max_parallelism=max_parallelism, key_types=key_types)
             self.tables = {STATE_TABLE: root_memory}
             for name in (PENDING_TABLE, TIMERS_TABLE):
                 self.tables[name] = root_memory.table(name)
-            self._root = root_memory
             self._files.root = root_memory
         state_table = self.tables[STATE_TABLE]
         self.cache: Optional[WriteBackCache] = None
@@ -227,6 +226,12 @@ class OperatorInstance:
         self._files.root = root
         return root
 
+    @property
+    def _root(self) -> Store:
+        """The store that holds the tables (what the finalizer closes)."""
+        assert self._files.root is not None
+        return self._files.root
+
     # ------------------------------------------------------------ handing the working store over
     def suspend(self) -> None:
         """Write everything to the working RocksDB and close it, keeping the Python objects.
@@ -260,7 +265,7 @@ class OperatorInstance:
         if self._files.lock is None:
             self._files.lock = directory_lock(self.workdir)
         self._files.lock.acquire()
-        self._root = self._open_working_store()
+        self._open_working_store()
         if self.cache is not None:
             self.cache.rebind(self.tables[STATE_TABLE])
             self.state = self.cache

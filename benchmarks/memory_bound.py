@@ -2,8 +2,8 @@
 
 Each configuration runs in a fresh Python process (so one run's heap does
 not hide another's): a ``WriteBackCache(max_bytes=M)`` over a RocksDBStore
-(whose own memory is capped at ``--store-memory``: block cache, memtables and
-index/filter blocks under one cap), then N puts of distinct keys; every
+(``block_cache_bytes=--store-memory``: a block cache of that size, memtables
+capped at half of it; index and filter blocks outside), then N puts of distinct keys; every
 evicted entry is written to RocksDB. The process's resident set size (RSS)
 is read before the first put and every 20k puts; the table shows the peak
 growth divided by M. Value kinds: small ints, tuples (int, 12-char str,
@@ -15,8 +15,8 @@ write batches of 256 (as evictions write them); the last column subtracts
 it, leaving what the cache itself adds.
 
 Target: peak RSS growth <= 2.0 x max_bytes everywhere. The growth includes
-RocksDB's capped memory, and the cache's own bookkeeping, which a byte bound
-has to count (see state/cache/estimator.py).
+RocksDB's memory, and the cache's own bookkeeping, which a byte bound has to
+count (see state/cache/estimator.py).
 """
 
 from __future__ import annotations

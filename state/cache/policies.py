@@ -40,7 +40,8 @@ class CachePolicy(ABC):
     #: The name in stats (``"lru"``, ``"clock"``, ``"lfu"``; a custom policy sets its own).
     name: str = "custom"
     #: Bytes of bookkeeping per entry beyond the key and value objects (table slot, order node),
-    #: measured with tracemalloc (tests/state/test_memory_estimate.py checks them).
+    #: measured with tracemalloc while keys churn; tests/state/test_memory_bound.py checks the
+    #: resulting bound by the process's RSS.
     entry_overhead: int = 160
 
     #: The cached entries: subscript read is an access (and a hit), subscript write updates.

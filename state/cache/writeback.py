@@ -20,12 +20,13 @@ least recently modified); above the high watermark every access syncs
 exceeds the high watermark after an operation.
 
 The policy owns the table of cached entries (see ``policies``): the cache
-has one get path and one put path, through the policy's ``lookup``,
-``update`` and ``insert``, bound once at construction. With the built-in LRU
-policy they are methods of an ``lru.LRU`` (lru-dict, C), so a hit is one C
-call that finds the value, moves it to the front and counts the hit. A put
-right after a get of the same key (read-modify-write, what operators do)
-skips the key checks: the get just validated it.
+has one get path and one put path, over subscripts of the policy's table
+(read: a counted access; write on a cached key: an update) and its
+``insert``, taken once at construction. With the built-in LRU policy the
+table is an ``lru.LRU`` (lru-dict, C), so a hit is one C call that finds the
+value, moves it to the front and counts the hit. A put right after a get of
+the same key (read-modify-write, what operators do) skips the key checks:
+the get just validated it.
 
 A byte bound is a bound on memory: entries are sized by sampling the live
 key and value objects (``MemoryEstimator``), plus the policy's measured

@@ -108,6 +108,12 @@ class _Live:
 
 
 _LIVE: dict[tuple[str, str, int, int], _Live] = {}
+
+#: How a task got its instance (``BatchMetrics.per_instance[i]["start"]``).
+RESUMED = "resumed"  # this process held it since the previous batch: warm cache
+ADOPTED = "adopted"  # the working store another Python worker of this machine left: cold cache
+RESTORED = "restored"  # rebuilt from the checkpoint (the executor held no current copy)
+NEW = "new"  # no committed version yet: nothing to restore
 _MANIFESTS: dict[tuple[str, int, Optional[bytes]], Manifest] = {}
 
 
@@ -244,8 +250,10 @@ def _new_instance(plan: TaskPlan, storage: CheckpointStorage, index: int, workdi
     )
 
 
-def _instance(plan: TaskPlan, storage: CheckpointStorage, index: int, context: BatchContext) -> OperatorInstance:
-    """The instance for ``index`` at the committed version before this batch.
+def _instance(
+    plan: TaskPlan, storage: CheckpointStorage, index: int, context: BatchContext
+) -> tuple[OperatorInstance, str]:
+    """The instance for ``index`` at the committed version before this batch, and how it started.
 
     In order of preference: this process's own suspended instance (warm
     cache), the working RocksDB another worker process of this machine left at
@@ -256,14 +264,14 @@ def _instance(plan: TaskPlan, storage: CheckpointStorage, index: int, context: B
     directory = state_dir(plan, index)
     os.makedirs(directory, exist_ok=True)
     with FileLock(os.path.join(directory, ".instance.lock")):
-        instance = _choose_instance(plan, storage, index, context, directory)
+        instance, start = _choose_instance(plan, storage, index, context, directory)
         _sweep_stores(directory, keep=os.path.basename(instance.workdir or ""))
-    return instance
+    return instance, start
 
 
 def _choose_instance(
     plan: TaskPlan, storage: CheckpointStorage, index: int, context: BatchContext, directory: str
-) -> OperatorInstance:
+) -> tuple[OperatorInstance, str]:
     key = (plan.location, plan.query_id, index, plan.parallelism)
     claim = _claim(directory)
     live = _LIVE.get(key)
@@ -273,12 +281,12 @@ def _choose_instance(
             if live is not None and live.token == claim.get("token") and live.instance.suspended:
                 live.instance.resume()
                 live.token = None
-                return live.instance
+                return live.instance, RESUMED
             _drop_live(key)
             instance = _new_instance(plan, storage, index, db, fresh=False)
             instance.adopt()
             _LIVE[key] = _Live(instance, None)
-            return instance
+            return instance, ADOPTED
         except StoreLockedError:
             pass  # a straggling attempt still has it open: build a private copy
     _drop_live(key)
@@ -298,7 +306,7 @@ def _choose_instance(
         except CheckpointCorruptError as exc:
             raise storage.way_back_error(exc, context.previous_version) from exc
     _LIVE[key] = _Live(instance, None)
-    return instance
+    return instance, (NEW if context.previous_version is None else RESTORED)
 
 
 def _sweep_stores(directory: str, keep: str) -> list[str]:
@@ -412,6 +420,7 @@ def _run_task(
     storage = _storage(plan)
     started = time.perf_counter()
     before: dict[int, dict[str, float]] = {}
+    starts: dict[int, str] = {}
     max_event = NO_TIMESTAMP
     dropped = 0
     collected: Optional[list[pd.DataFrame]] = [] if plan.sink_dir is not None else None
@@ -419,7 +428,8 @@ def _run_task(
     def get(index: int) -> OperatorInstance:
         instance = instances.get(index)
         if instance is None:
-            instance = instances[index] = _instance(plan, storage, index, context)
+            instance, starts[index] = _instance(plan, storage, index, context)
+            instances[index] = instance
             before[index] = _counters(instance)
         return instance
 
@@ -480,7 +490,7 @@ def _run_task(
             pending_keys=float(len(instance.buffer)),
             timers=float(len(instance.timers)),
         )
-        reports.append({"instance": index, "report": report.to_dict(), "metrics": metrics})
+        reports.append({"instance": index, "report": report.to_dict(), "metrics": metrics, "start": starts[index]})
     # Hand the working stores over only once every instance has checkpointed.
     for index, instance in instances.items():
         instance.suspend()

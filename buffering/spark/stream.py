@@ -85,6 +85,11 @@ class BatchMetrics:
     dropped_late_rows: int = 0
     watermark_ms: int = NO_TIMESTAMP
     committed: bool = True
+    #: One dict per operator instance: its counters for this batch, ``instance`` (its index) and
+    #: ``start``, how the task got it: "resumed" (the Python worker held it since the previous
+    #: batch, warm cache), "adopted" (the working store another Python worker of the same
+    #: executor left, cold cache), "restored" (rebuilt from the checkpoint) or "new" (no
+    #: committed version yet).
     per_instance: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -420,7 +425,7 @@ class StreamRunner:
                 m.cache_syncs += int(c.get("cache_syncs", 0))
                 m.checkpoint_bytes += int(c["checkpoint_bytes"])
                 m.checkpoint_seconds = max(m.checkpoint_seconds, float(c["checkpoint_seconds"]))
-                m.per_instance.append({"instance": i["instance"], **c})
+                m.per_instance.append({"instance": i["instance"], "start": i["start"], **c})
         return m
 
 

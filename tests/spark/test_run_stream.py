@@ -140,6 +140,26 @@ def test_query_reports_cache_and_checkpoint_metrics_per_batch(spark, input_dir, 
     assert all(0.0 <= m.cache_hit_ratio <= 1.0 for m in metrics)
 
 
+def test_every_instance_says_how_it_started_new_then_held_by_the_executor(spark, input_dir, tmp_path):
+    decorated = buffering.cached_state(max_entries=8, store="rocksdb")(tweet_stats)
+    _, query = _run(spark, input_dir, decorated, str(tmp_path / "ck"), parallelism=2)
+    starts = [[p["start"] for p in sorted(m.per_instance, key=lambda p: p["instance"])] for m in query.batch_metrics]
+    assert starts[0] == ["new", "new"]
+    # One executor (local mode): later batches find their instance in this machine's working stores.
+    assert all(s in ("resumed", "adopted") for batch in starts[1:] for s in batch), starts
+
+
+def test_instances_of_a_rescaled_job_are_restored_from_the_checkpoint(spark, tmp_path):
+    decorated = buffering.cached_state(max_entries=8, store="rocksdb")(tweet_stats)
+    inputs = write_batches(str(tmp_path / "in"), views(2, 300, 20, 50, seed=5))
+    checkpoint, offsets = str(tmp_path / "ck"), str(tmp_path / "offsets")
+    _run(spark, inputs, decorated, checkpoint, parallelism=2, spark_checkpoint_location=offsets)
+    write_batches(inputs, views(3, 300, 20, 50, seed=5))  # one more file
+    _, query = _run(spark, inputs, decorated, checkpoint, parallelism=3, spark_checkpoint_location=offsets)
+    assert [m.batch_id for m in query.batch_metrics] == [2]
+    assert sorted(p["start"] for p in query.batch_metrics[0].per_instance) == ["restored"] * 3
+
+
 def test_a_memory_budget_grants_every_instance_its_bytes_in_the_batch_metrics(spark, input_dir, tmp_path):
     budget = 64 << 20
     decorated = buffering.cached_state(store="rocksdb")(tweet_stats)

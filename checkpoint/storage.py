@@ -533,9 +533,12 @@ class CheckpointStorage:
         return out
 
     # ------------------------------------------------------------ batch records
-    def processing_time(self, version: int) -> int | None:
-        """The processing time batch ``version`` recorded before it ran, or None when it has not run.
+    def batch_record(self, version: int) -> dict[str, Any] | None:
+        """What the driver recorded for batch ``version`` before it ran, or None when it has not run.
 
+        Always ``version`` and ``processing_time_ms``; a Spark runner that hosts its
+        instances in Spark's stateful operator adds ``previous_version`` and
+        ``watermark_ms``, which its tasks read instead of receiving them in a closure.
         Raises CheckpointCorruptError naming the file when the record is torn or damaged.
         """
         rel = batch_record_path(_check_version(version))
@@ -553,13 +556,28 @@ class CheckpointStorage:
             raise CheckpointCorruptError(
                 f"corrupt {what}: expected version {version} and an int processing_time_ms, got {body}", file=rel
             )
-        return ms
+        return dict(body)
 
-    def record_processing_time(self, version: int, processing_time_ms: int) -> None:
-        """Record the processing time batch ``version`` runs at (before it runs; its retries reuse it)."""
+    def processing_time(self, version: int) -> int | None:
+        """The processing time batch ``version`` recorded before it ran, or None when it has not run.
+
+        Raises CheckpointCorruptError naming the file when the record is torn or damaged.
+        """
+        body = self.batch_record(version)
+        return None if body is None else int(body["processing_time_ms"])
+
+    def record_processing_time(self, version: int, processing_time_ms: int, **decisions: Any) -> None:
+        """Record the processing time batch ``version`` runs at (before it runs; its retries reuse it).
+
+        ``decisions``: more of what the driver decided for the batch (JSON values),
+        read back with :meth:`batch_record`.
+        """
         if isinstance(processing_time_ms, bool) or not isinstance(processing_time_ms, int):
             raise TypeError(f"processing_time_ms must be an int, got {processing_time_ms!r}")
-        body = {"version": _check_version(version), "processing_time_ms": processing_time_ms}
+        reserved = {"version", "processing_time_ms"} & set(decisions)
+        if reserved:
+            raise ValueError(f"{sorted(reserved)} are set by record_processing_time itself")
+        body = {"version": _check_version(version), "processing_time_ms": processing_time_ms, **decisions}
         self.write_small_file(batch_record_path(version), seal(body, self._key))
 
     def batch_records(self) -> list[tuple[str, int]]:

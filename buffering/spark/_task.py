@@ -53,6 +53,12 @@ ROWS_COLUMN = "__opbuffer_rows"
 EVENT_TIME_COLUMN = "__opbuffer_event_ms"
 #: The operator instance (partition) a row is routed to.
 OPERATOR_COLUMN = "__opbuffer_op"
+#: With placement="executor": the grouping key of Spark's stateful operator that hosts the
+#: instances, one value per instance (see host_keys).
+HOST_COLUMN = "__opbuffer_host"
+#: True on the rows that partition 0 adds, one per instance, so that every instance runs in
+#: every batch (its timers fire and it reports) even when no row of the batch reaches it.
+HEARTBEAT_COLUMN = "__opbuffer_heartbeat"
 
 
 @dataclass(frozen=True)
@@ -169,6 +175,12 @@ def combine_partition(plan: TaskPlan, context: BatchContext, batches: Iterator[p
     data[ROWS_COLUMN] = rows.astype(np.int64)
     data[EVENT_TIME_COLUMN] = event
     yield pd.DataFrame(data)
+
+
+def combine_recorded(plan: TaskPlan, batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    """combine_partition inside a streaming plan: the batch's context comes from the driver's record."""
+    context = recorded_context(_storage(plan), streaming_batch_id())
+    yield from combine_partition(plan, context, batches)
 
 
 def _storage(plan: TaskPlan) -> CheckpointStorage:
@@ -518,6 +530,117 @@ def _run_task(
     row: dict[str, Any] = {name: [None] for name in plan.output_columns}
     row[REPORT_COLUMN] = [json.dumps(summary)]
     yield pd.DataFrame(row)
+
+
+# ---------------------------------------------------------------- hosted in Spark's stateful operator
+def streaming_batch_id() -> int:
+    """The micro-batch this task belongs to (Spark sets it as a local property of every task)."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    value = context.getLocalProperty("streaming.sql.batchId") if context is not None else None
+    if value is None:
+        raise RuntimeError("not inside a streaming micro-batch task: no 'streaming.sql.batchId' local property")
+    return int(value)
+
+
+def recorded_context(storage: CheckpointStorage, version: int) -> BatchContext:
+    """The context the driver recorded for ``version`` before it ran the batch.
+
+    Read by every task rather than cached: a query restarted in the same
+    application may run a batch id again from another committed version.
+    """
+    record = storage.batch_record(version)
+    if record is None or "watermark_ms" not in record:
+        raise RuntimeError(f"batch {version} has no recorded context in {storage!r}: the driver records it before the batch runs")
+    previous = record.get("previous_version")
+    return BatchContext(
+        version, None if previous is None else int(previous), int(record["processing_time_ms"]), int(record["watermark_ms"])
+    )
+
+
+def tag_partition(plan: TaskPlan, host_keys: tuple[int, ...], batches: Iterator[Any]) -> Iterator[Any]:
+    """Before the hosting operator (Arrow batches in and out): each row's HOST_COLUMN, plus heartbeats.
+
+    HOST_COLUMN is the host key of the row's instance (OPERATOR_COLUMN, computed
+    by the JVM). Partition 0 adds one heartbeat row per instance: Spark calls the
+    hosting function only for keys that have rows, and every instance must run
+    in every batch.
+    """
+    import pyarrow as pa
+    from pyspark import TaskContext
+
+    keys = np.asarray(host_keys, dtype=np.int64)
+    schema = None
+    for batch in batches:
+        ops = batch.column(batch.schema.get_field_index(OPERATOR_COLUMN)).to_numpy(zero_copy_only=False)
+        tagged = batch.append_column(HOST_COLUMN, pa.array(keys[ops], pa.int64()))
+        tagged = tagged.append_column(HEARTBEAT_COLUMN, pa.array(np.zeros(len(ops), dtype=bool)))
+        schema = tagged.schema
+        yield tagged
+    task = TaskContext.get()
+    if task is None or task.partitionId() == 0:
+        yield _heartbeats(plan, keys, schema)
+
+
+def _heartbeats(plan: TaskPlan, keys: np.ndarray, schema: Any) -> Any:
+    import pyarrow as pa
+
+    n = len(keys)
+    if schema is None:  # partition 0 had no rows: only the three columns matter downstream
+        return pa.RecordBatch.from_pydict(
+            {OPERATOR_COLUMN: pa.array(np.arange(n, dtype=np.int32)), HOST_COLUMN: pa.array(keys), HEARTBEAT_COLUMN: pa.array(np.ones(n, dtype=bool))}
+        )
+    columns = []
+    for f in schema:
+        if f.name == OPERATOR_COLUMN:
+            columns.append(pa.array(np.arange(n), f.type))
+        elif f.name == HOST_COLUMN:
+            columns.append(pa.array(keys, f.type))
+        elif f.name == HEARTBEAT_COLUMN:
+            columns.append(pa.array(np.ones(n, dtype=bool)))
+        else:
+            columns.append(pa.nulls(n, f.type))
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def host_instance(
+    plan: TaskPlan,
+    host_keys: tuple[int, ...],
+    dtypes: tuple[tuple[str, str], ...],
+    key: tuple[Any, ...],
+    frames: Iterator[pd.DataFrame],
+    state: Any,
+) -> Iterator[pd.DataFrame]:
+    """The function of the hosting ``applyInPandasWithState``: one operator instance's whole batch.
+
+    Spark's state store coordinator sends the task of each stateful partition to
+    the executor that loaded its state store last, so the instance finds its warm
+    cache in this process. Spark's own state (``state``) stays empty: the
+    instance's state lives in opbuffer's stores and checkpoints.
+
+    ``dtypes``: the integer and boolean columns with their numpy dtypes. A chunk
+    that held a heartbeat row (nulls) reaches pandas as float or object; without
+    the heartbeat it gets its own dtypes back, as fn would see them under Spark
+    (a column with a null of its own stays as Spark hands it).
+    """
+    index = host_keys.index(int(key[0]))
+    version = streaming_batch_id()
+    context = recorded_context(_storage(plan), version)
+
+    def rows() -> Iterator[pd.DataFrame]:
+        for frame in frames:
+            beat = frame[HEARTBEAT_COLUMN].to_numpy(dtype=bool, na_value=False)
+            if beat.all():
+                continue
+            if beat.any():
+                frame = frame.loc[~beat].reset_index(drop=True)
+                frame = frame.astype(
+                    {name: dtype for name, dtype in dtypes if frame[name].dtype != dtype and frame[name].notna().all()}
+                )
+            yield frame.drop(columns=[HOST_COLUMN, HEARTBEAT_COLUMN])
+
+    yield from run_task(plan, context, rows(), partition_id=index)
 
 
 def _normalized_keys(frame: pd.DataFrame, key_columns: list[str]) -> list[Any]:

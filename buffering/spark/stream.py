@@ -44,6 +44,8 @@ from ._plan import key_list, key_types_of, nullable, operator_index_sql, output_
 from ._task import (
     ACCUMULATOR_COLUMN,
     EVENT_TIME_COLUMN,
+    HEARTBEAT_COLUMN,
+    HOST_COLUMN,
     OPERATOR_COLUMN,
     REPORT_COLUMN,
     ROWS_COLUMN,
@@ -55,6 +57,9 @@ from .sinks import ParquetSink, Sink, sink_of
 logger = logging.getLogger("buffering.spark")
 
 _TRIGGERS = ("processingTime", "availableNow", "once")
+
+#: Where a batch's operator tasks run (``run_stream(placement=...)``).
+PLACEMENTS = ("executor", "batch")
 
 
 @dataclass
@@ -145,7 +150,12 @@ class StreamRunner:
         checkpoint_key: str | bytes | None = None,
         memory_budget: Optional[int] = None,
         state_schema: Any = None,
+        placement: Optional[str] = None,
+        new_placement: str = "batch",
     ) -> None:
+        for name, value in (("placement", placement), ("new_placement", new_placement)):
+            if value is not None and value not in PLACEMENTS:
+                raise ValueError(f"{name} must be one of {list(PLACEMENTS)}, got {value!r}")
         self.spec = spec_of(fn)
         self.memory_budget = check_memory_budget(memory_budget)
         if self.spec.function is None and self.spec.aggregations is None:
@@ -161,6 +171,15 @@ class StreamRunner:
         self.storage = CheckpointStorage.of(
             checkpoint_location, storage_options=dict(storage_options or {}), checkpoint_key=checkpoint_key
         )
+        manifest = self.storage.start(start_version)
+        # A checkpoint keeps the placement it was started with: Spark's own checkpoint holds that plan.
+        stored = manifest.metadata.get("placement", "batch") if manifest is not None else None
+        if placement is not None and stored is not None and placement != stored:
+            raise ValueError(
+                f"checkpoint {self.storage!r} was written with placement={stored!r}, not {placement!r}: "
+                "Spark's own checkpoint holds the plan of the first run (restart with the same placement)"
+            )
+        self.placement: str = placement or stored or new_placement
         self.timeout_conf = timeout_conf(timeout)
         fields = [f.name for f in input_schema.fields]
         if event_time is not None and event_time not in fields:
@@ -182,7 +201,9 @@ class StreamRunner:
         # Spark SQL does the combine when every aggregation has an exact SQL twin (no row
         # then enters Python before the shuffle); otherwise a Python pass per input partition.
         self.sql_partials = None
-        if self.combine_before_shuffle and self.timeout_conf != GroupStateTimeout.EventTimeTimeout:
+        # Hosted in Spark's stateful operator, the combine is part of the streaming plan, where a
+        # SQL groupBy would be a streaming aggregation of its own: the Python combine runs instead.
+        if self.combine_before_shuffle and self.timeout_conf != GroupStateTimeout.EventTimeTimeout and self.placement == "batch":
             assert self.spec.mini_batch is not None and self.spec.mini_batch.aggregations is not None
             self.sql_partials = sql_partials(self.spec.mini_batch.aggregations, input_schema)
         self.combine = "none" if not self.combine_before_shuffle else ("sql" if self.sql_partials is not None else "python")
@@ -194,7 +215,7 @@ class StreamRunner:
         self.retain = retain
         self.on_batch = on_batch
         self.batches: list[BatchMetrics] = []
-        self._check_checkpoint(start_version)
+        self._check_checkpoint(manifest, start_version)
         location = checkpoint_location if isinstance(checkpoint_location, str) else os.fspath(checkpoint_location)
         self.plan = TaskPlan(
             spec=self.spec,
@@ -229,8 +250,7 @@ class StreamRunner:
         self._combined_schema = self._combined(input_schema) if self.combine_before_shuffle else None
 
     # ------------------------------------------------------------ set-up
-    def _check_checkpoint(self, start_version: Optional[int]) -> None:
-        manifest = self.storage.start(start_version)
+    def _check_checkpoint(self, manifest: Any, start_version: Optional[int]) -> None:
         if manifest is None:
             return
         if manifest.max_parallelism != self.max_parallelism:
@@ -293,6 +313,51 @@ class StreamRunner:
             watermark = max(0, max_event - self.watermark_delay_ms)
         return BatchContext(version, previous, self._processing_time(version), watermark), max_event
 
+    def hosted_stream(self, df: Any, host_keys: Sequence[int]) -> Any:
+        """placement="executor": the streaming DataFrame whose micro-batches run the operator instances.
+
+        Each instance is one group of Spark's own ``applyInPandasWithState``
+        (grouped by its host key), so Spark's state store coordinator places the
+        task of its partition on the executor that ran it last: the instance
+        stays warm there. The batch's context reaches the tasks through the
+        batch record the driver writes before the batch runs.
+        """
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import BooleanType, IntegerType, LongType, StructField, StructType
+
+        if len(host_keys) != self.parallelism:
+            raise ValueError(f"need one host key per instance ({self.parallelism}), got {len(host_keys)}")
+        keys = tuple(int(k) for k in host_keys)
+        frame = df
+        if self.combine == "python":
+            frame = frame.mapInPandas(functools.partial(_task.combine_recorded, self.plan), self._combined_schema)
+        frame = frame.withColumn(
+            OPERATOR_COLUMN, F.expr(operator_index_sql(self.key_columns, self.parallelism, self.max_parallelism))
+        )
+        tagged = StructType(
+            [
+                *(StructField(f.name, f.dataType, True, f.metadata) for f in frame.schema.fields if f.name != OPERATOR_COLUMN),
+                StructField(OPERATOR_COLUMN, IntegerType(), False),
+                StructField(HOST_COLUMN, LongType(), False),
+                StructField(HEARTBEAT_COLUMN, BooleanType(), False),
+            ]
+        )
+        frame = frame.select(*[c for c in frame.columns if c != OPERATOR_COLUMN], OPERATOR_COLUMN)
+        frame = frame.mapInArrow(functools.partial(_task.tag_partition, self.plan, keys), tagged)
+        numpy_types = {"byte": "int8", "short": "int16", "integer": "int32", "long": "int64", "boolean": "bool"}
+        dtypes = tuple(
+            (f.name, numpy_types[f.dataType.typeName()])
+            for f in tagged.fields
+            if f.dataType.typeName() in numpy_types and f.name not in (HOST_COLUMN, HEARTBEAT_COLUMN)
+        )
+        return frame.groupBy(HOST_COLUMN).applyInPandasWithState(
+            functools.partial(_task.host_instance, self.plan, keys, dtypes),
+            self._internal_schema,
+            "unused int",
+            "Update",
+            GroupStateTimeout.NoTimeout,
+        )
+
     def plan_batch(self, batch_df: Any, context: BatchContext) -> Any:
         """The DataFrame of one batch's output and report rows (lazy)."""
         from pyspark.sql import functions as F
@@ -328,9 +393,19 @@ class StreamRunner:
         task_sink = self._task_sink
         if task_sink is not None:
             task_sink.prepare(version)  # a re-run of this batch id replaces what the earlier run wrote
-            out = self.plan_batch(batch_df, context)  # the tasks write the rows and yield only reports
+        if self.placement == "executor":
+            # The hosted tasks read what they must decide alike from this record.
+            self.storage.record_processing_time(
+                version,
+                context.processing_time_ms,
+                previous_version=context.previous_version,
+                watermark_ms=context.watermark_ms,
+            )
+            out = batch_df  # the operator instances already ran in the streaming plan
         else:
-            out = self.plan_batch(batch_df, context).persist(StorageLevel.MEMORY_AND_DISK)
+            out = self.plan_batch(batch_df, context)
+        if task_sink is None:  # the tasks write the rows and yield only reports
+            out = out.persist(StorageLevel.MEMORY_AND_DISK)
         try:
             summaries = [json.loads(r[0]) for r in out.where(F.col(REPORT_COLUMN).isNotNull()).select(REPORT_COLUMN).collect()]
             instances = [i for s in summaries for i in s["instances"]]
@@ -359,6 +434,7 @@ class StreamRunner:
                             "key_columns": self.key_columns,
                             "key_types": list(self.key_types),
                             "parallelism": self.parallelism,
+                            "placement": self.placement,
                         },
                         retain=self.retain,
                         max_parallelism=self.max_parallelism,
@@ -463,6 +539,54 @@ def _spark_checkpoint(checkpoint_location: Any, spark_checkpoint_location: Optio
     return os.path.join(os.path.expanduser(location.removeprefix("file://")), "_spark")
 
 
+def host_keys(spark: Any, parallelism: int, partitions: int) -> tuple[int, ...]:
+    """One grouping key per instance for the hosting operator, spreading instances over its partitions.
+
+    Spark sends key ``k`` to partition ``pmod(hash(k), partitions)`` (Murmur3,
+    as ``F.hash``); instance ``i`` gets a key of partition ``i % partitions``,
+    distinct from the other instances' keys, so no two instances share a task
+    while there are as many partitions as instances. Computed by Spark itself.
+    """
+    from pyspark.sql import functions as F
+
+    need = -(-parallelism // partitions)  # keys per partition
+    n = 64 * max(parallelism, partitions)
+    rows = spark.range(0, n).select("id", F.pmod(F.hash("id"), F.lit(partitions)).alias("p")).collect()
+    by_partition: dict[int, list[int]] = {}
+    for row in rows:
+        by_partition.setdefault(int(row[1]), []).append(int(row[0]))
+    keys = []
+    for i in range(parallelism):
+        candidates = sorted(by_partition.get(i % partitions, []))
+        if len(candidates) < need:
+            raise RuntimeError(f"no {need} keys of partition {i % partitions} among ids 0..{n - 1}")
+        keys.append(candidates[i // partitions])
+    return tuple(keys)
+
+
+def _stored_shuffle_partitions(spark_checkpoint: str) -> Optional[int]:
+    """The shuffle partitions a Spark checkpoint's query runs with (fixed at its first batch), if readable here."""
+    offsets = os.path.join(spark_checkpoint.removeprefix("file://").removeprefix("file:"), "offsets")
+    if "://" in spark_checkpoint.removeprefix("file://") or not os.path.isdir(offsets):
+        return None
+    batches = sorted((int(n) for n in os.listdir(offsets) if n.isdigit()), reverse=True)
+    for batch in batches:
+        try:
+            with open(os.path.join(offsets, str(batch))) as f:
+                f.readline()  # the log's version line
+                value = json.loads(f.readline()).get("conf", {}).get("spark.sql.shuffle.partitions")
+            return int(value) if value is not None else None
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def _new_placement(spark: Any) -> str:
+    """Where a new checkpoint's tasks run: pinned to executors on a cluster, anywhere in local mode."""
+    master = str(spark.conf.get("spark.master", "") or "")
+    return "batch" if master.startswith("local") else "executor"
+
+
 MEMORY_BUDGET_CONF = "spark.opbuffer.memoryBudget"
 _BYTE_SUFFIXES = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "g": 1 << 30, "gb": 1 << 30}
 
@@ -504,6 +628,7 @@ def run_stream(
     checkpoint_key: str | bytes | None = None,
     memory_budget: Optional[int] = None,
     state_schema: Any = None,
+    placement: Optional[str] = None,
 ) -> Any:
     """Run ``fn`` over the streaming DataFrame ``df``, keyed by ``key``, exactly-once; returns the started query.
 
@@ -552,6 +677,19 @@ def run_stream(
             inside the task plan, never in a log line.
         state_schema: the state's StructType or DDL string, as applyInPandasWithState takes it:
             a stored state reads back converted as under Spark. None: as stored.
+        placement: where each batch's operator instances run. ``"executor"``: each
+            instance is one group of a Spark ``applyInPandasWithState`` (with empty
+            Spark state), so Spark's state store coordinator keeps its task on the
+            executor that ran it last, where its cache is warm; the combine before
+            the shuffle is the Python one. ``"batch"``: inside ``foreachBatch``, on
+            whichever executor is free (an instance that lands elsewhere restores from
+            the checkpoint); the combine may run in Spark SQL. Default: what the
+            checkpoint was started with, else ``"executor"`` on a cluster and
+            ``"batch"`` with a ``local`` master. Fixed for the life of a checkpoint,
+            as Spark's own checkpoint holds the plan. With ``"executor"`` and a new
+            Spark checkpoint, the query's shuffle partitions are set to
+            ``parallelism`` (Spark keeps them with its checkpoint, for the sink's
+            operations too).
 
     The returned query also has ``batch_metrics`` and ``last_batch_metrics``.
     """
@@ -584,12 +722,29 @@ def run_stream(
         checkpoint_key=checkpoint_key,
         memory_budget=memory_budget,
         state_schema=state_schema,
+        placement=placement,
+        new_placement=_new_placement(spark) if placement is None else placement,
     )
-    writer = df.writeStream.foreachBatch(runner).option(
-        "checkpointLocation", _spark_checkpoint(checkpoint_location, spark_checkpoint_location)
-    )
+    spark_checkpoint = _spark_checkpoint(checkpoint_location, spark_checkpoint_location)
+    stream, partitions = df, None
+    if runner.placement == "executor":
+        stored = _stored_shuffle_partitions(spark_checkpoint)
+        partitions = stored or runner.parallelism
+        stream = runner.hosted_stream(df, host_keys(spark, runner.parallelism, partitions))
+        partitions = None if stored else partitions  # a new Spark checkpoint takes the conf at start
+    writer = stream.writeStream.foreachBatch(runner).option("checkpointLocation", spark_checkpoint)
+    if runner.placement == "executor":
+        writer = writer.outputMode("update")
     if trigger is not None:
         writer = writer.trigger(**dict(trigger))
     if query_name is not None:
         writer = writer.queryName(query_name)
-    return _query_class()(writer.start(), runner)
+    if partitions is None:
+        return _query_class()(writer.start(), runner)
+    before = spark.conf.get("spark.sql.shuffle.partitions")
+    spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
+    try:  # the query copies the session's conf when it starts
+        query = writer.start()
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", before)
+    return _query_class()(query, runner)

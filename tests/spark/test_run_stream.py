@@ -91,9 +91,10 @@ def _run(spark, input_dir, fn, checkpoint, key="tweet", output_schema=STATS_SCHE
     return out, query
 
 
-def test_decorated_count_and_hll_equals_apply_in_pandas_with_state(spark, input_dir, stats_reference, tmp_path):
+@pytest.mark.parametrize("placement", ["batch", "executor"])
+def test_decorated_count_and_hll_equals_apply_in_pandas_with_state(spark, input_dir, stats_reference, tmp_path, placement):
     decorated = buffering.cached_state(max_entries=16, store="rocksdb")(buffering.mini_batch()(tweet_stats))
-    out, _ = _run(spark, input_dir, decorated, str(tmp_path / "ck"))
+    out, _ = _run(spark, input_dir, decorated, str(tmp_path / "ck"), placement=placement)
     pd.testing.assert_frame_equal(all_rows(out, ["tweet"]), all_rows(stats_reference, ["tweet"]))
 
 
@@ -106,9 +107,10 @@ def test_final_state_equals_what_apply_in_pandas_with_state_emitted_last(spark, 
     assert [s[0] for s in state["state"]] == last["views"].tolist()
 
 
-def test_aggregate_counts_exactly_and_estimates_within_the_hll_error_bound(spark, input_dir, stats_reference, tmp_path):
+@pytest.mark.parametrize("placement", ["batch", "executor"])
+def test_aggregate_counts_exactly_and_estimates_within_the_hll_error_bound(spark, input_dir, stats_reference, tmp_path, placement):
     operator = buffering.aggregate({"views": Count(), "viewers": ApproxDistinct("user", lg_k=12)})
-    out, _ = _run(spark, input_dir, operator, str(tmp_path / "ck"), output_schema=None)
+    out, _ = _run(spark, input_dir, operator, str(tmp_path / "ck"), output_schema=None, placement=placement)
     ours = all_rows(out, ["tweet"])
     ref = all_rows(stats_reference, ["tweet"])
     assert ours[["batch", "tweet", "views"]].equals(ref[["batch", "tweet", "views"]])

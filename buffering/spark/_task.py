@@ -31,7 +31,8 @@ from state.base import StoreLockedError
 from state.cache import shared_manager
 from state.locks import FileLock, directory_lock, process_alive
 from state.group_state import NO_TIMESTAMP, GroupStateTimeout
-from state.keys import normalize_key
+from state.keygroups import key_group_from_hash, operator_indexes
+from state.keys import normalize_key, spark_hash
 from state.state_schema import StateSchema
 
 from ..buffer import factorize_keys
@@ -177,10 +178,40 @@ def combine_partition(plan: TaskPlan, context: BatchContext, batches: Iterator[p
     yield pd.DataFrame(data)
 
 
-def combine_recorded(plan: TaskPlan, batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-    """combine_partition inside a streaming plan: the batch's context comes from the driver's record."""
+def combine_and_tag(plan: TaskPlan, host_keys: tuple[int, ...], batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    """combine_partition inside a streaming plan, tagged for the hosting operator, in one Python pass.
+
+    The batch's context comes from the driver's record. One pass (not a combine
+    then a tag) means one Python worker per task: with one core per executor
+    the hosting task then finds the worker that held its instance.
+    """
+    from pyspark import TaskContext
+
     context = recorded_context(_storage(plan), streaming_batch_id())
-    yield from combine_partition(plan, context, batches)
+    keys = np.asarray(host_keys, dtype=np.int64)
+    for frame in combine_partition(plan, context, batches):
+        groups = np.fromiter(
+            (key_group_from_hash(spark_hash(k, plan.key_types), plan.max_parallelism) for k in _normalized_keys(frame, plan.key_columns)),
+            dtype=np.int64,
+            count=len(frame),
+        )
+        ops = operator_indexes(groups, plan.parallelism, plan.max_parallelism)
+        yield frame.assign(**{OPERATOR_COLUMN: ops.astype(np.int32), HOST_COLUMN: keys[ops], HEARTBEAT_COLUMN: False})
+    task = TaskContext.get()
+    if task is None or task.partitionId() == 0:
+        n = len(keys)
+        beats: dict[str, Any] = {name: [None] * n for name in plan.key_columns}
+        beats.update(
+            {
+                ACCUMULATOR_COLUMN: [None] * n,
+                ROWS_COLUMN: np.zeros(n, dtype=np.int64),
+                EVENT_TIME_COLUMN: np.full(n, NO_TIMESTAMP, dtype=np.int64),
+                OPERATOR_COLUMN: np.arange(n, dtype=np.int32),
+                HOST_COLUMN: keys,
+                HEARTBEAT_COLUMN: np.ones(n, dtype=bool),
+            }
+        )
+        yield pd.DataFrame(beats)
 
 
 def _storage(plan: TaskPlan) -> CheckpointStorage:

@@ -323,27 +323,20 @@ class StreamRunner:
         batch record the driver writes before the batch runs.
         """
         from pyspark.sql import functions as F
-        from pyspark.sql.types import BooleanType, IntegerType, LongType, StructField, StructType
 
         if len(host_keys) != self.parallelism:
             raise ValueError(f"need one host key per instance ({self.parallelism}), got {len(host_keys)}")
         keys = tuple(int(k) for k in host_keys)
-        frame = df
         if self.combine == "python":
-            frame = frame.mapInPandas(functools.partial(_task.combine_recorded, self.plan), self._combined_schema)
-        frame = frame.withColumn(
-            OPERATOR_COLUMN, F.expr(operator_index_sql(self.key_columns, self.parallelism, self.max_parallelism))
-        )
-        tagged = StructType(
-            [
-                *(StructField(f.name, f.dataType, True, f.metadata) for f in frame.schema.fields if f.name != OPERATOR_COLUMN),
-                StructField(OPERATOR_COLUMN, IntegerType(), False),
-                StructField(HOST_COLUMN, LongType(), False),
-                StructField(HEARTBEAT_COLUMN, BooleanType(), False),
-            ]
-        )
-        frame = frame.select(*[c for c in frame.columns if c != OPERATOR_COLUMN], OPERATOR_COLUMN)
-        frame = frame.mapInArrow(functools.partial(_task.tag_partition, self.plan, keys), tagged)
+            assert self._combined_schema is not None
+            tagged = self._tagged(self._combined_schema)
+            frame = df.mapInPandas(functools.partial(_task.combine_and_tag, self.plan, keys), tagged)
+        else:
+            frame = df.withColumn(
+                OPERATOR_COLUMN, F.expr(operator_index_sql(self.key_columns, self.parallelism, self.max_parallelism))
+            )
+            tagged = self._tagged(df.schema)
+            frame = frame.mapInArrow(functools.partial(_task.tag_partition, self.plan, keys), tagged)
         numpy_types = {"byte": "int8", "short": "int16", "integer": "int32", "long": "int64", "boolean": "bool"}
         dtypes = tuple(
             (f.name, numpy_types[f.dataType.typeName()])
@@ -356,6 +349,20 @@ class StreamRunner:
             "unused int",
             "Update",
             GroupStateTimeout.NoTimeout,
+        )
+
+    @staticmethod
+    def _tagged(schema: Any) -> Any:
+        """``schema`` (all nullable: heartbeat rows carry nulls) plus the instance, host key and heartbeat flag."""
+        from pyspark.sql.types import BooleanType, IntegerType, LongType, StructField, StructType
+
+        return StructType(
+            [
+                *(StructField(f.name, f.dataType, True, f.metadata) for f in schema.fields),
+                StructField(OPERATOR_COLUMN, IntegerType(), False),
+                StructField(HOST_COLUMN, LongType(), False),
+                StructField(HEARTBEAT_COLUMN, BooleanType(), False),
+            ]
         )
 
     def plan_batch(self, batch_df: Any, context: BatchContext) -> Any:

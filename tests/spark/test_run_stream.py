@@ -162,6 +162,22 @@ def test_instances_of_a_rescaled_job_are_restored_from_the_checkpoint(spark, tmp
     assert sorted(p["start"] for p in query.batch_metrics[0].per_instance) == ["restored"] * 3
 
 
+def test_a_checkpoint_keeps_the_placement_it_was_started_with(spark, tmp_path):
+    decorated = buffering.cached_state(max_entries=8, store="rocksdb")(tweet_stats)
+    inputs = write_batches(str(tmp_path / "in"), views(1, 100, 5, 10, seed=5))
+    _run(spark, inputs, decorated, str(tmp_path / "ck"), placement="executor")
+    with pytest.raises(ValueError, match="placement='executor', not 'batch'"):
+        _run(spark, inputs, decorated, str(tmp_path / "ck"), placement="batch")
+    write_batches(inputs, views(2, 100, 5, 10, seed=5))
+    _, query = _run(spark, inputs, decorated, str(tmp_path / "ck"))  # no placement: the checkpoint's
+    assert query.runner.placement == "executor" and [m.batch_id for m in query.batch_metrics] == [1]
+
+
+def test_an_unknown_placement_is_refused_naming_it(spark, input_dir, tmp_path):
+    with pytest.raises(ValueError, match="placement must be one of \\['executor', 'batch'\\], got 'driver'"):
+        _run(spark, input_dir, tweet_stats, str(tmp_path / "ck"), placement="driver")
+
+
 def test_a_memory_budget_grants_every_instance_its_bytes_in_the_batch_metrics(spark, input_dir, tmp_path):
     budget = 64 << 20
     decorated = buffering.cached_state(store="rocksdb")(tweet_stats)
@@ -188,14 +204,16 @@ def _fail_first_attempt_midway(marker_dir):
     return fn
 
 
-def test_task_failure_in_the_middle_of_a_partition_is_retried_to_the_same_result(spark, input_dir, stats_reference, tmp_path):
+@pytest.mark.parametrize("placement", ["batch", "executor"])
+def test_task_failure_in_the_middle_of_a_partition_is_retried_to_the_same_result(spark, input_dir, stats_reference, tmp_path, placement):
     fn = buffering.cached_state(max_entries=16, store="rocksdb")(_fail_first_attempt_midway(str(tmp_path)))
-    out, _ = _run(spark, input_dir, fn, str(tmp_path / "ck"))
+    out, _ = _run(spark, input_dir, fn, str(tmp_path / "ck"), placement=placement)
     assert os.path.exists(tmp_path / "failed"), "the failure was never injected"
     pd.testing.assert_frame_equal(all_rows(out, ["tweet"]), all_rows(stats_reference, ["tweet"]))
 
 
-def test_rescale_2_to_5_to_3_gives_identical_results(spark, input_dir, stats_reference, tmp_path):
+@pytest.mark.parametrize("placement", ["batch", "executor"])
+def test_rescale_2_to_5_to_3_gives_identical_results(spark, input_dir, stats_reference, tmp_path, placement):
     """Stop after each batch and restart at another parallelism; Spark could not do this with its own state."""
     decorated = buffering.cached_state(max_entries=10, store="rocksdb")(tweet_stats)
     source = str(tmp_path / "in")
@@ -203,29 +221,31 @@ def test_rescale_2_to_5_to_3_gives_identical_results(spark, input_dir, stats_ref
     out: list = []
     for i, parallelism in enumerate((2, 5, 3)):
         shutil.copy2(os.path.join(input_dir, f"part-{i:05d}.parquet"), source)
-        _, query = _run(spark, source, decorated, str(tmp_path / "ck"), parallelism=parallelism, sink=collect_sink(out))
+        _, query = _run(spark, source, decorated, str(tmp_path / "ck"), parallelism=parallelism, sink=collect_sink(out), placement=placement)
         assert [m.tasks for m in query.batch_metrics] == [parallelism]
     pd.testing.assert_frame_equal(all_rows(out, ["tweet"]), all_rows(stats_reference, ["tweet"]))
     state = read_state(str(tmp_path / "ck")).sort_values("tweet").reset_index(drop=True)
     assert [s[0] for s in state["state"]] == latest_per_key(stats_reference, ["tweet"])["views"].tolist()
 
 
-def test_rerun_of_a_batch_committed_before_a_crash_keeps_its_manifest_and_sink_output(spark, input_dir, stats_reference, tmp_path):
+@pytest.mark.parametrize("placement", ["batch", "executor"])
+def test_rerun_of_a_batch_committed_before_a_crash_keeps_its_manifest_and_sink_output(spark, input_dir, stats_reference, tmp_path, placement):
     checkpoint = str(tmp_path / "ck")
     sink = ParquetSink(str(tmp_path / "sink"))
     decorated = buffering.cached_state(max_entries=16, store="rocksdb")(tweet_stats)
-    _run(spark, input_dir, decorated, checkpoint, sink=sink)
+    _run(spark, input_dir, decorated, checkpoint, sink=sink, placement=placement)
     # The driver died after committing manifest 2 but before Spark logged batch 2 as done.
     for name in ("2", ".2.crc"):
         os.remove(os.path.join(checkpoint, "_spark", "commits", name))
-    _, query = _run(spark, input_dir, decorated, checkpoint, sink=sink)
+    _, query = _run(spark, input_dir, decorated, checkpoint, sink=sink, placement=placement)
     assert [(m.batch_id, m.committed) for m in query.batch_metrics] == [(2, False)]
     written = sink.read(spark).toPandas()
     ours = all_rows([(b, g.drop(columns="batch_id")) for b, g in written.groupby("batch_id")], ["tweet"])
     pd.testing.assert_frame_equal(ours, all_rows(stats_reference, ["tweet"]), check_dtype=False)
 
 
-def test_processing_time_timeout_fires_for_keys_without_new_rows(spark, tmp_path):
+@pytest.mark.parametrize("placement", ["batch", "executor"])
+def test_processing_time_timeout_fires_for_keys_without_new_rows(spark, tmp_path, placement):
     def expiring(key, rows, state):
         if state.hasTimedOut:
             state.remove()
@@ -238,7 +258,7 @@ def test_processing_time_timeout_fires_for_keys_without_new_rows(spark, tmp_path
 
     frames = [pd.DataFrame({"tweet": [1, 2], "user": [0, 0], "ts": [0, 0]}), pd.DataFrame({"tweet": [2], "user": [0], "ts": [1]})]
     source = write_batches(str(tmp_path / "in"), frames)
-    out, _ = _run(spark, source, expiring, str(tmp_path / "ck"), output_schema="tweet long, event string", timeout="processing")
+    out, _ = _run(spark, source, expiring, str(tmp_path / "ck"), output_schema="tweet long, event string", timeout="processing", placement=placement)
     events = all_rows(out, ["tweet", "event"])
     assert events.values.tolist() == [[1, "seen", 0], [2, "seen", 0], [1, "expired", 1], [2, "seen", 1]]
 
@@ -260,7 +280,8 @@ def sessions(key, rows, state):
     yield pd.DataFrame({"user": [key[0]], "n": [n], "event": ["open"]})
 
 
-def test_event_time_timeouts_and_late_rows_equal_apply_in_pandas_with_state(spark, tmp_path):
+@pytest.mark.parametrize("placement", ["batch", "executor"])
+def test_event_time_timeouts_and_late_rows_equal_apply_in_pandas_with_state(spark, tmp_path, placement):
     def batch(users, ms):
         ms = np.asarray(ms, dtype=np.int64)
         return pd.DataFrame({"user": np.asarray(users, dtype=np.int64), "ms": ms,
@@ -288,7 +309,7 @@ def test_event_time_timeouts_and_late_rows_equal_apply_in_pandas_with_state(spar
     query = run_stream(
         stream_of(spark, source, schema), sessions, key="user", output_schema=output,
         checkpoint_location=str(tmp_path / "ck"), sink=collect_sink(out), trigger={"availableNow": True},
-        timeout="event", event_time="ts", watermark_delay_ms=5_000,
+        timeout="event", event_time="ts", watermark_delay_ms=5_000, placement=placement,
     )
     query.awaitTermination()
     ours = all_rows(out, ["user", "event"])
@@ -303,12 +324,13 @@ def test_event_time_timeouts_and_late_rows_equal_apply_in_pandas_with_state(spar
     assert [m.dropped_late_rows for m in query.batch_metrics] == [0, 0, 0, 1]
 
 
-def test_parquet_sink_written_by_the_tasks_equals_the_one_written_by_spark(spark, input_dir, tmp_path):
+@pytest.mark.parametrize("placement", ["batch", "executor"])
+def test_parquet_sink_written_by_the_tasks_equals_the_one_written_by_spark(spark, input_dir, tmp_path, placement):
     op = buffering.aggregate({"views": Count(), "viewers": ApproxDistinct("user")})
     frames = {}
     for task_side in (True, False):
         sink = ParquetSink(str(tmp_path / f"sink-{task_side}"), task_side=task_side)
-        _, query = _run(spark, input_dir, op, str(tmp_path / f"ck-{task_side}"), output_schema=None, sink=sink)
+        _, query = _run(spark, input_dir, op, str(tmp_path / f"ck-{task_side}"), output_schema=None, sink=sink, placement=placement)
         assert all(m.committed for m in query.batch_metrics)
         written = sink.read(spark)
         frames[task_side] = (written.schema, written.toPandas().sort_values(["batch_id", "tweet"]).reset_index(drop=True))

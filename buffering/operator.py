@@ -26,6 +26,7 @@ from state.cache import CacheManager
 from state.group_state import NO_TIMESTAMP, GroupState, GroupStateTimeout
 from state.keys import NormalizedKey, denormalize_key, normalize_key
 from state.locks import FileLock, directory_lock
+from state.raw import RawTable
 from state.state_schema import StateSchema
 from state.timers import TimerService
 
@@ -180,9 +181,12 @@ class OperatorInstance:
                 shutil.rmtree(workdir, ignore_errors=True)
             self.workdir: Optional[str] = workdir
             self.tables: dict[str, Store] = {}
+            # The same tables as the checkpoint layer sees them (raw records, change tracking).
+            self._raw: dict[str, RawTable] = {}
             self._open_working_store()
         else:
             self.workdir = None
+            self._raw = {}
             root_memory = MemoryStore(name=STATE_TABLE, max_parallelism=max_parallelism, key_types=key_types)
             self.tables = {STATE_TABLE: root_memory}
             for name in (PENDING_TABLE, TIMERS_TABLE):
@@ -218,11 +222,11 @@ class OperatorInstance:
     def _open_working_store(self) -> RocksDBStore:
         assert self.workdir is not None
         root = RocksDBStore(self.workdir, max_parallelism=self.max_parallelism, key_types=self._key_types, table=STATE_TABLE)
-        self.tables[STATE_TABLE] = root
-        for name in (PENDING_TABLE, TIMERS_TABLE):
-            self.tables[name] = root.table(name)
-        for table in self.tables.values():
-            table.track_changes()  # type: ignore[attr-defined]
+        tables = {STATE_TABLE: root, **{name: root.table(name) for name in (PENDING_TABLE, TIMERS_TABLE)}}
+        self.tables.update(tables)
+        self._raw = dict(tables)
+        for raw in self._raw.values():
+            raw.track_changes()
         self._files.root = root
         return root
 
@@ -277,8 +281,8 @@ class OperatorInstance:
 
     def adopt(self) -> None:
         """Take over a working store another process suspended: reload timers and pending rows from it."""
-        for table in self.tables.values():
-            table.drain_changes()  # type: ignore[attr-defined]
+        for raw in self._raw.values():
+            raw.drain_changes()
         self._reload_from_tables()
 
     def _reload_from_tables(self) -> None:
@@ -291,9 +295,9 @@ class OperatorInstance:
     def restore(self, manifest: Manifest) -> None:
         """Load this instance's key groups of ``manifest`` (state, pending rows, timers)."""
         assert self.storage is not None
-        restore(self.storage, manifest, self.key_groups, self.tables)  # type: ignore[arg-type]
-        for table in self.tables.values():
-            table.drain_changes()  # type: ignore[attr-defined]  # what was restored is not a change
+        restore(self.storage, manifest, self.key_groups, self._raw)
+        for raw in self._raw.values():
+            raw.drain_changes()  # what was restored is not a change
         self._reload_from_tables()
 
     def checkpoint(self, version: int, previous: Optional[Manifest]) -> TaskReport:
@@ -302,9 +306,9 @@ class OperatorInstance:
         self._save_pending()
         if self.cache is not None:
             self.cache.flush()
-        changes = {name: table.drain_changes() for name, table in self.tables.items()}  # type: ignore[attr-defined]
+        changes = {name: raw.drain_changes() for name, raw in self._raw.items()}
         writer = CheckpointWriter(self.storage, key_groups=self.key_groups, task=f"{self.index}of{self.parallelism}")
-        report = writer.write(version, self.tables, changes, previous)  # type: ignore[arg-type]
+        report = writer.write(version, self._raw, changes, previous)
         self.metrics.checkpoint_bytes += report.bytes
         return report
 

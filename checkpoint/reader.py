@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from state import RocksDBStore
+from state.raw import RawTable
 
 from .errors import CheckpointCorruptError, CheckpointError, CheckpointTrustError
 from .format import (
@@ -100,7 +101,7 @@ class RestoreReport:
     manifest: Manifest | None = field(default=None, repr=False, compare=False)
 
 
-def _ingest(store: RocksDBStore, paths: list[str], linked: Mapping[str, str]) -> None:
+def _ingest(store: RawTable, paths: list[str], linked: Mapping[str, str]) -> None:
     """Ingest SST files into a table (the files are moved in when on the same filesystem).
 
     ``linked`` maps the files that are hard links of checkpoint files to them:
@@ -133,16 +134,16 @@ def _write_synced(path: str, payload: bytes | memoryview) -> None:
         os.fdatasync(f.fileno())
 
 
-def _compact(store: RocksDBStore, key_groups: range) -> None:
+def _compact(store: RawTable, key_groups: range) -> None:
     """Compact a cleared key-group range, so that SST files ingested into it go to the bottom level."""
     store.compact_key_groups(key_groups)
 
 
-def _is_empty(store: RocksDBStore, key_groups: range) -> bool:
+def _is_empty(store: RawTable, key_groups: range) -> bool:
     return next(iter(store.iter_raw(key_groups)), None) is None
 
 
-def _temp_dir_near(tables: Mapping[str, RocksDBStore], tmp_dir: str | None) -> str:
+def _temp_dir_near(tables: Mapping[str, RawTable], tmp_dir: str | None) -> str:
     """A temp dir for SST files: ``tmp_dir``, else next to the first store (same filesystem: ingestion links)."""
     if tmp_dir is not None:
         return staging_dir("restore", tmp_dir)
@@ -282,7 +283,7 @@ def restore(
     storage: CheckpointStorage | str | os.PathLike[str],
     version: int | Manifest | None,
     key_groups: range,
-    tables: Mapping[str, RocksDBStore],
+    tables: Mapping[str, RawTable],
     *,
     before: int | None = None,
     tmp_dir: str | os.PathLike[str] | None = None,
@@ -585,7 +586,7 @@ def _runs(groups: Iterable[int]) -> list[range]:
 
 
 def _load_part(
-    table: RocksDBStore,
+    table: RawTable,
     path: str,
     wanted: list[int],
     scratch_dir: str,

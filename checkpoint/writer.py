@@ -51,7 +51,7 @@ from typing import Any, Iterable, Mapping
 
 from rocksdict import Options, SstFileWriter
 
-from state import RocksDBStore
+from state.raw import RawTable, key_group_of_raw
 
 from .errors import CheckpointError, RetentionWarning, VersionExistsError
 from .format import (
@@ -159,7 +159,7 @@ class CheckpointWriter:
     def write(
         self,
         version: int,
-        tables: Mapping[str, RocksDBStore],
+        tables: Mapping[str, RawTable],
         changes: Mapping[str, Iterable[bytes]] | None,
         previous: Manifest | None,
         *,
@@ -172,7 +172,7 @@ class CheckpointWriter:
             tables: every table of the operator's store, by name (user state,
                 pending buffers, timers ...). Must include every table of ``previous``.
             changes: per table, the raw keys written or deleted since
-                ``previous`` (``RocksDBStore.drain_changes()``); a table missing
+                ``previous`` (``RawTable.drain_changes()``); a table missing
                 here has no changes. None: unknown, write a full snapshot.
             previous: the manifest the stores' state was restored from (the
                 latest committed version before ``version``), None if none.
@@ -216,7 +216,7 @@ class CheckpointWriter:
                     raise ValueError(f"changes name table {name!r}, which is not in tables")
                 per_group: dict[int, list[bytes]] = defaultdict(list)
                 for raw in raw_keys:
-                    per_group[(raw[0] << 8) | raw[1]].append(raw)
+                    per_group[key_group_of_raw(raw)].append(raw)
                 for g, raws in per_group.items():
                     if not lo <= g < hi:
                         raise ValueError(
@@ -342,7 +342,7 @@ class CheckpointWriter:
     def _snapshot_run(
         self,
         run: list[int],
-        tables: Mapping[str, RocksDBStore],
+        tables: Mapping[str, RawTable],
         names: list[str],
         tmp: str,
         path: str,
@@ -387,7 +387,7 @@ class CheckpointWriter:
                 for g in run]
 
     def _table_run(
-        self, run: list[int], table: RocksDBStore, index: int, tmp: str, path: str
+        self, run: list[int], table: RawTable, index: int, tmp: str, path: str
     ) -> tuple[tuple[SstFileRef, dict[int, int]] | None, list[tuple[int, int, bytes | None]]]:
         """One table's entries of ``run``: ``(SST file and raw bytes per key group, or None; per key group
         (key group, entries, records payload or None))``."""

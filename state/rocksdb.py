@@ -30,6 +30,7 @@ from rocksdict import (
 )
 
 from .base import MISSING, Store, StoreClosedError, StoreError, StoreLockedError
+from .raw import KEY_GROUP_BYTES
 from .keygroups import DEFAULT_MAX_PARALLELISM
 from .keys import NormalizedKey, decode_key, denormalize_key, encode_key, normalize_key, spark_hash, spark_hash_longs
 from .serializers import Serializer
@@ -37,7 +38,7 @@ from .serializers import Serializer
 _pack_le_q = struct.Struct("<q").pack
 _pack_be_q = struct.Struct(">q").pack
 _xxh = xxhash.xxh64_intdigest
-_KG_BYTES = 2
+_KG_BYTES = KEY_GROUP_BYTES
 
 
 def _int_key_record() -> "Any":

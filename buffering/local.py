@@ -30,7 +30,7 @@ from .buffer import factorize_keys
 from .decorators import check_operator_key, spec_of
 from .frames import concat_frames
 from .operator import OperatorInstance
-from .protocol import check_delay_ms, event_time_ms
+from .protocol import check_checkpoint_fits, check_delay_ms, commit_metadata, drop_late_rows, watermark_for
 
 Clock = Callable[[], int]
 
@@ -199,22 +199,13 @@ class LocalRunner:
                 meta = dict(self._manifest.metadata)
                 self._max_event_time_ms = int(meta.get("max_event_time_ms", NO_TIMESTAMP))
                 self._time_offset_ms = int(meta.get("time_offset_ms", 0))
-                stored = meta.get("key_columns")
-                if stored is not None and list(stored) != self.key_columns:
-                    raise ValueError(f"checkpoint at {checkpoint_location!r} was written for key {stored}, not {self.key_columns}")
-                stored_types = meta.get("key_types")
-                if self.key_types is None and stored_types is not None:
-                    self.key_types = tuple(stored_types)
-                elif self.key_types is not None and stored_types and tuple(stored_types) != self.key_types:
-                    raise ValueError(
-                        f"checkpoint at {checkpoint_location!r} was written with key_types {list(stored_types)}, "
-                        f"not {list(self.key_types)}: key groups depend on them, so they are fixed per checkpoint"
-                    )
-                if self._manifest.max_parallelism != max_parallelism:
-                    raise ValueError(
-                        f"checkpoint at {checkpoint_location!r} has max_parallelism {self._manifest.max_parallelism}, "
-                        f"not {max_parallelism}: it is fixed for the life of a checkpoint"
-                    )
+            self.key_types = check_checkpoint_fits(
+                self._manifest,
+                repr(checkpoint_location),
+                key_columns=self.key_columns,
+                key_types=self.key_types,
+                max_parallelism=max_parallelism,
+            )
             if self.key_types is not None:
                 self._start_instances()
             if start_version is not None:  # only once the start version fits and (key types known) restored
@@ -255,11 +246,7 @@ class LocalRunner:
     @property
     def watermark_ms(self) -> int:
         """The event-time watermark for the next batch (max event time - delay; 0 before any event)."""
-        if self.event_time is None:
-            return NO_TIMESTAMP
-        if self._max_event_time_ms == NO_TIMESTAMP:
-            return 0
-        return max(0, self._max_event_time_ms - self.watermark_delay_ms)
+        return watermark_for(self._max_event_time_ms, self.watermark_delay_ms, self.event_time is not None)
 
     # ------------------------------------------------------------ batches
     def _processing_time(self, version: int) -> int:
@@ -339,21 +326,8 @@ class LocalRunner:
         max_event_time = self._max_event_time_ms
         dropped_late = 0
         if pdf is not None and len(pdf):
-            frame = pdf.reset_index(drop=True)
-            if self.event_time is not None:
-                event_ms = event_time_ms(frame[self.event_time])
-                # As Spark's (flat)MapGroupsWithState: with an event-time timeout, rows at or
-                # before the watermark are late and dropped; otherwise every row is processed.
-                if self.timeout_conf == GroupStateTimeout.EventTimeTimeout:
-                    late = event_ms <= watermark
-                else:
-                    late = np.zeros(len(event_ms), dtype=bool)
-                if late.any():
-                    dropped_late = int(late.sum())
-                    frame = frame.loc[~late].reset_index(drop=True)
-                    event_ms = event_ms[~late]
-                if len(event_ms):
-                    max_event_time = max(max_event_time, int(event_ms.max()))
+            frame, dropped_late, batch_max = drop_late_rows(pdf.reset_index(drop=True), self.event_time, self.timeout_conf, watermark)
+            max_event_time = max(max_event_time, batch_max)
             assert self.key_types is not None
             groups = key_groups_of(frame, self.key_columns, self.key_types, self.max_parallelism)
             owners = operator_indexes(groups, self.parallelism, self.max_parallelism)
@@ -377,14 +351,14 @@ class LocalRunner:
             self.storage,
             version,
             reports,
-            metadata={
-                "max_event_time_ms": max_event_time,
-                "processing_time_ms": processing_time,
-                "time_offset_ms": self._time_offset_ms,
-                "key_columns": self.key_columns,
-                "key_types": list(self.key_types or ()),
-                "parallelism": self.parallelism,
-            },
+            metadata=commit_metadata(
+                max_event_time_ms=max_event_time,
+                processing_time_ms=processing_time,
+                key_columns=self.key_columns,
+                key_types=self.key_types,
+                parallelism=self.parallelism,
+                time_offset_ms=self._time_offset_ms,
+            ),
             max_parallelism=self.max_parallelism,
         )
         self.version = version

@@ -24,14 +24,14 @@ from checkpoint.staging import sweep_stale_staging
 from state import MemoryStore, RocksDBStore, Store, WriteBackCache, key_group_range
 from state.cache import CacheManager
 from state.group_state import NO_TIMESTAMP, GroupState, GroupStateTimeout
-from state.keys import NormalizedKey, denormalize_key, normalize_key
+from state.keys import NormalizedKey, normalize_key
 from state.locks import FileLock, directory_lock
 from state.raw import RawTable
 from state.state_schema import StateSchema
 from state.timers import TimerService
 
 from .buffer import MiniBatchBuffer
-from .protocol import spark_key
+from .protocol import call_function
 from .decorators import OperatorSpec
 
 STATE_TABLE = "state"
@@ -50,48 +50,6 @@ class InstanceMetrics:
     timeouts: int = 0
     rows_out: int = 0
     checkpoint_bytes: int = 0
-
-
-def _output_frames(key: tuple, result: Any) -> list[pd.DataFrame]:
-    """The DataFrames the user function produced for ``key``; anything else is an error naming the key.
-
-    As applyInPandasWithState: the function returns an iterator of DataFrames
-    (``yield df``); ``return df`` and other values are refused before anything
-    of the batch is committed.
-    """
-    if result is None:
-        return []
-    if isinstance(result, pd.DataFrame):
-        raise TypeError(
-            f"the function returned a DataFrame for key {key!r}; it must return an iterator of DataFrames "
-            "(`yield df`, not `return df`), as applyInPandasWithState requires"
-        )
-    if isinstance(result, (dict, str, bytes)) or not hasattr(result, "__iter__"):
-        raise TypeError(
-            f"the function returned {type(result).__name__} {result!r:.200} for key {key!r}; "
-            "it must return an iterator of DataFrames (`yield df`)"
-        )
-    frames = []
-    iterator = iter(result)
-    while True:
-        try:
-            item = next(iterator)
-        except StopIteration as stop:
-            if isinstance(stop.value, pd.DataFrame):  # a generator that ends with `return df`: the frame would vanish
-                raise TypeError(
-                    f"the function ended with `return df` for key {key!r} inside a generator; use 'yield df' "
-                    "(the returned frame is not output)"
-                ) from None
-            break
-        if item is None:
-            continue
-        if not isinstance(item, pd.DataFrame):
-            raise TypeError(
-                f"the function yielded {type(item).__name__} {item!r:.200} for key {key!r}; "
-                "it must yield pandas DataFrames"
-            )
-        frames.append(item)
-    return frames
 
 
 class _WorkingFiles:
@@ -446,12 +404,7 @@ class OperatorInstance:
         )
         if rows is not None:
             self._value_columns = list(rows.columns)
-            values = iter([rows])
-        else:
-            # As Spark: a timed-out key gets one empty frame with the value columns.
-            values = iter([pd.DataFrame(columns=self._value_columns)])
-        result = function(spark_key(nkey, self._key_types), values, state)
-        frames = _output_frames(denormalize_key(nkey), result)  # errors name the key in plain Python
+        frames = call_function(function, nkey, self._key_types, rows, state, self._value_columns)
         self.metrics.calls += 1
         if state.removed:
             self.state.delete(nkey)

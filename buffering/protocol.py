@@ -80,3 +80,161 @@ def spark_key(nkey: Any, key_types: Optional[Sequence[str]]) -> tuple:
         else:
             out.append(value)
     return tuple(out)
+
+
+# ---------------------------------------------------------------- one micro-batch, the same in every runner
+def watermark_for(max_event_time_ms: int, delay_ms: float, has_event_time: bool) -> int:
+    """The event-time watermark of the next batch: max event time seen - delay (0 before any event).
+
+    NO_TIMESTAMP when the runner has no event-time column.
+    """
+    from state.group_state import NO_TIMESTAMP
+
+    if not has_event_time:
+        return NO_TIMESTAMP
+    if max_event_time_ms == NO_TIMESTAMP:
+        return 0
+    return max(0, int(max_event_time_ms - delay_ms))
+
+
+def drop_late_rows(
+    frame: pd.DataFrame, event_time: Optional[str], timeout_conf: str, watermark_ms: int
+) -> tuple[pd.DataFrame, int, int]:
+    """As Spark's (flat)MapGroupsWithState: with an event-time timeout, rows at or before the watermark are late.
+
+    Without an event-time timeout every row is processed. Returns the kept
+    rows, how many were dropped and the max event time of the kept rows
+    (NO_TIMESTAMP when there is none).
+    """
+    from state.group_state import NO_TIMESTAMP, GroupStateTimeout
+
+    if event_time is None or not len(frame):
+        return frame, 0, NO_TIMESTAMP
+    event = event_time_ms(frame[event_time])
+    dropped = 0
+    if timeout_conf == GroupStateTimeout.EventTimeTimeout and watermark_ms != NO_TIMESTAMP:
+        late = event <= watermark_ms
+        if late.any():
+            dropped = int(late.sum())
+            frame = frame.loc[~late].reset_index(drop=True)
+            event = event[~late]
+    return frame, dropped, int(event.max()) if len(event) else NO_TIMESTAMP
+
+
+def check_checkpoint_fits(
+    manifest: Any,
+    where: str,
+    *,
+    key_columns: Sequence[str],
+    key_types: Optional[Sequence[str]],
+    max_parallelism: int,
+) -> Optional[tuple[str, ...]]:
+    """Refuse a checkpoint written for other keys or key groups; return the key types to use.
+
+    ``key_types`` None takes the checkpoint's (a LocalRunner infers them from
+    the first rows otherwise). Every error names the checkpoint (``where``)
+    and both values.
+    """
+    if manifest is None:
+        return tuple(key_types) if key_types is not None else None
+    if manifest.max_parallelism != max_parallelism:
+        raise ValueError(
+            f"checkpoint {where} has max_parallelism {manifest.max_parallelism}, not {max_parallelism}: "
+            "it is fixed for the life of a checkpoint"
+        )
+    meta = manifest.metadata
+    stored = meta.get("key_columns")
+    if stored is not None and list(stored) != list(key_columns):
+        raise ValueError(f"checkpoint {where} was written for key {list(stored)}, not {list(key_columns)}")
+    stored_types = meta.get("key_types")
+    if key_types is None:
+        return tuple(stored_types) if stored_types is not None else None
+    if stored_types and tuple(stored_types) != tuple(key_types):
+        raise ValueError(
+            f"checkpoint {where} was written with key_types {list(stored_types)}, not {list(key_types)}: "
+            "key groups depend on them, so they are fixed per checkpoint"
+        )
+    return tuple(key_types)
+
+
+def commit_metadata(
+    *,
+    max_event_time_ms: int,
+    processing_time_ms: int,
+    key_columns: Sequence[str],
+    key_types: Optional[Sequence[str]],
+    parallelism: int,
+    **runner: Any,
+) -> dict[str, Any]:
+    """What every runner records with a committed version (``runner``: what only that runner needs)."""
+    return {
+        "max_event_time_ms": int(max_event_time_ms),
+        "processing_time_ms": int(processing_time_ms),
+        "key_columns": list(key_columns),
+        "key_types": list(key_types or ()),
+        "parallelism": int(parallelism),
+        **runner,
+    }
+
+
+# ---------------------------------------------------------------- calling the user's function
+def output_frames(key: tuple, result: Any) -> list[pd.DataFrame]:
+    """The DataFrames the user function produced for ``key``; anything else is an error naming the key.
+
+    As applyInPandasWithState: the function returns an iterator of DataFrames
+    (``yield df``); ``return df`` and other values are refused before anything
+    of the batch is committed.
+    """
+    if result is None:
+        return []
+    if isinstance(result, pd.DataFrame):
+        raise TypeError(
+            f"the function returned a DataFrame for key {key!r}; it must return an iterator of DataFrames "
+            "(`yield df`, not `return df`), as applyInPandasWithState requires"
+        )
+    if isinstance(result, (dict, str, bytes)) or not hasattr(result, "__iter__"):
+        raise TypeError(
+            f"the function returned {type(result).__name__} {result!r:.200} for key {key!r}; "
+            "it must return an iterator of DataFrames (`yield df`)"
+        )
+    frames = []
+    iterator = iter(result)
+    while True:
+        try:
+            item = next(iterator)
+        except StopIteration as stop:
+            if isinstance(stop.value, pd.DataFrame):  # a generator that ends with `return df`: the frame would vanish
+                raise TypeError(
+                    f"the function ended with `return df` for key {key!r} inside a generator; use 'yield df' "
+                    "(the returned frame is not output)"
+                ) from None
+            break
+        if item is None:
+            continue
+        if not isinstance(item, pd.DataFrame):
+            raise TypeError(
+                f"the function yielded {type(item).__name__} {item!r:.200} for key {key!r}; "
+                "it must yield pandas DataFrames"
+            )
+        frames.append(item)
+    return frames
+
+
+def call_function(
+    function: Any,
+    nkey: Any,
+    key_types: Optional[Sequence[str]],
+    rows: Optional[pd.DataFrame],
+    state: Any,
+    value_columns: Sequence[str],
+) -> list[pd.DataFrame]:
+    """Call an ``applyInPandasWithState`` function for one key as Spark does; return its frames.
+
+    The key as Spark hands it (:func:`spark_key`); the key's rows as one frame,
+    or, for a timed-out key, one empty frame with the value columns. Output
+    errors name the key in plain Python (:func:`output_frames`).
+    """
+    from state.keys import denormalize_key
+
+    values = iter([rows if rows is not None else pd.DataFrame(columns=list(value_columns))])
+    return output_frames(denormalize_key(nkey), function(spark_key(nkey, key_types), values, state))

@@ -39,6 +39,7 @@ from ..buffer import factorize_keys
 from ..decorators import OperatorSpec
 from ..frames import concat_frames
 from ..operator import OperatorInstance
+from .. import protocol
 from ..protocol import event_time_ms
 from ._sql_combine import SqlPartial
 from ._sql_combine import accumulators as sql_accumulators
@@ -125,21 +126,8 @@ _MANIFESTS: dict[tuple[str, int, Optional[bytes]], Manifest] = {}
 
 
 def drop_late_rows(plan: TaskPlan, frame: pd.DataFrame, watermark_ms: int) -> tuple[pd.DataFrame, int, int]:
-    """With an event-time timeout, rows at or before the watermark are late (as in Spark).
-
-    Returns the kept rows, how many were dropped and the max event time seen.
-    """
-    if plan.event_time is None or not len(frame):
-        return frame, 0, NO_TIMESTAMP
-    event = event_time_ms(frame[plan.event_time])
-    dropped = 0
-    if plan.timeout_conf == GroupStateTimeout.EventTimeTimeout and watermark_ms != NO_TIMESTAMP:
-        late = event <= watermark_ms
-        if late.any():
-            dropped = int(late.sum())
-            frame = frame.loc[~late].reset_index(drop=True)
-            event = event[~late]
-    return frame, dropped, int(event.max()) if len(event) else NO_TIMESTAMP
+    """:func:`buffering.protocol.drop_late_rows` with the plan's event-time column and timeout."""
+    return protocol.drop_late_rows(frame, plan.event_time, plan.timeout_conf, watermark_ms)
 
 
 def combine_partition(plan: TaskPlan, context: BatchContext, batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:

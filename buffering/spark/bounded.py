@@ -49,11 +49,12 @@ import pandas as pd
 
 from state.group_state import NO_TIMESTAMP, GroupState, GroupStateTimeout, timeout_conf
 from state.keygroups import DEFAULT_MAX_PARALLELISM, check_max_parallelism
-from state.keys import NormalizedKey, denormalize_key, normalize_key
+from state.keys import NormalizedKey, normalize_key
 
 from ..aggregations import Aggregations, First, Last
 from ..decorators import OperatorSpec, check_operator_key, spec_of
 from ..frames import concat_frames
+from ..protocol import call_function
 from ..buffer import _object_column
 from ._plan import _quoted, key_list, key_types_of, operator_index_sql, output_schema_for
 from ._sql_combine import SqlPartial, sql_exprs, sql_partials
@@ -81,6 +82,8 @@ class BoundedPlan:
     #: Processing time of the whole run, chosen once on the driver (task retries reuse it).
     processing_time_ms: int
     timeout_conf: str = GroupStateTimeout.NoTimeout
+    #: Spark types of the key columns: the function gets the key as Spark hands it.
+    key_types: Optional[tuple[str, ...]] = None
     #: Set when Spark SQL combined the input already (one row of SQL partial columns per key).
     sql_partials: tuple[SqlPartial, ...] = ()
 
@@ -235,9 +238,8 @@ def _call(plan: BoundedPlan, nkey: NormalizedKey, rows: pd.DataFrame) -> list[pd
     """Call the function with the key's rows and fresh state; fire a timeout it set; drop the state."""
     function = plan.spec.function
     assert function is not None
-    key = denormalize_key(nkey)
     state = GroupState(None, batch_processing_time_ms=plan.processing_time_ms, timeout_conf=plan.timeout_conf)
-    frames = _frames(function(key, iter([rows]), state))
+    frames = call_function(function, nkey, plan.key_types, rows, state, list(rows.columns))
     timeout = state.timeout_timestamp
     if timeout != NO_TIMESTAMP:
         # End of the key is end of input for it: its timeout fires now, once.
@@ -248,12 +250,8 @@ def _call(plan: BoundedPlan, nkey: NormalizedKey, rows: pd.DataFrame) -> list[pd
             has_timed_out=True,
             old_timeout_timestamp=timeout,
         )
-        frames.extend(_frames(function(key, iter(()), expired)))
+        frames.extend(call_function(function, nkey, plan.key_types, None, expired, list(rows.columns)))
     return frames
-
-
-def _frames(result: Any) -> list[pd.DataFrame]:
-    return [frame for frame in (result if result is not None else ()) if frame is not None]
 
 
 def _output(plan: BoundedPlan, frames: list[pd.DataFrame]) -> pd.DataFrame:
@@ -412,6 +410,7 @@ def run_batch(
         processing_time_ms=int(time.time() * 1000),
         timeout_conf=conf,
         sql_partials=tuple(parts or ()),
+        key_types=tuple(key_types_of(df.schema, key_columns)),
     )
     if parts is not None:
         # Spark SQL combines each key's rows (partial aggregation before its shuffle, final

@@ -38,6 +38,7 @@ from state.group_state import NO_TIMESTAMP, GroupStateTimeout, timeout_conf
 from state.keygroups import DEFAULT_MAX_PARALLELISM, check_max_parallelism
 
 from ..decorators import check_operator_key, spec_of
+from ..protocol import check_checkpoint_fits, commit_metadata, watermark_for
 from . import _task
 from ._sql_combine import sql_exprs, sql_partials
 from ._plan import key_list, key_types_of, nullable, operator_index_sql, output_schema_for
@@ -251,19 +252,13 @@ class StreamRunner:
 
     # ------------------------------------------------------------ set-up
     def _check_checkpoint(self, manifest: Any, start_version: Optional[int]) -> None:
-        if manifest is None:
-            return
-        if manifest.max_parallelism != self.max_parallelism:
-            raise ValueError(
-                f"checkpoint {self.storage!r} has max_parallelism {manifest.max_parallelism}, not {self.max_parallelism}: "
-                "it is fixed for the life of a checkpoint"
-            )
-        stored = manifest.metadata.get("key_columns")
-        if stored is not None and list(stored) != self.key_columns:
-            raise ValueError(f"checkpoint {self.storage!r} was written for key {stored}, not {self.key_columns}")
-        types = manifest.metadata.get("key_types")
-        if types is not None and tuple(types) != self.key_types:
-            raise ValueError(f"checkpoint {self.storage!r} was written for key types {types}, not {list(self.key_types)}")
+        check_checkpoint_fits(
+            manifest,
+            repr(self.storage),
+            key_columns=self.key_columns,
+            key_types=self.key_types,
+            max_parallelism=self.max_parallelism,
+        )
         if start_version is not None:  # the next batch builds on it: its context must not see later versions
             self.storage.set_aside_after(start_version)
 
@@ -305,12 +300,7 @@ class StreamRunner:
         max_event = NO_TIMESTAMP
         if previous is not None:
             max_event = int(self.storage.read_manifest(previous).metadata.get("max_event_time_ms", NO_TIMESTAMP))
-        if self.event_time is None:
-            watermark = NO_TIMESTAMP
-        elif max_event == NO_TIMESTAMP:
-            watermark = 0
-        else:
-            watermark = max(0, max_event - self.watermark_delay_ms)
+        watermark = watermark_for(max_event, self.watermark_delay_ms, self.event_time is not None)
         return BatchContext(version, previous, self._processing_time(version), watermark), max_event
 
     def hosted_stream(self, df: Any, host_keys: Sequence[int]) -> Any:
@@ -435,14 +425,14 @@ class StreamRunner:
                         self.storage,
                         version,
                         [i["report"] for i in instances],
-                        metadata={
-                            "max_event_time_ms": max_event,
-                            "processing_time_ms": context.processing_time_ms,
-                            "key_columns": self.key_columns,
-                            "key_types": list(self.key_types),
-                            "parallelism": self.parallelism,
-                            "placement": self.placement,
-                        },
+                        metadata=commit_metadata(
+                            max_event_time_ms=max_event,
+                            processing_time_ms=context.processing_time_ms,
+                            key_columns=self.key_columns,
+                            key_types=self.key_types,
+                            parallelism=self.parallelism,
+                            placement=self.placement,
+                        ),
                         retain=self.retain,
                         max_parallelism=self.max_parallelism,
                     )

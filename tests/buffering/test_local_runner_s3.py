@@ -10,8 +10,6 @@ from checkpoint import CheckpointStorage
 
 from .helpers import Clock, count_sum, plain, random_batches, with_batch
 
-pytestmark = pytest.mark.slow
-
 OPERATOR = cached_state(max_entries=5, store="rocksdb")(count_sum)
 
 
@@ -37,6 +35,7 @@ def _run(location, batches, schedule, **kwargs):
     return with_batch(outputs), state
 
 
+@pytest.mark.slow
 def test_local_runner_on_s3_emits_and_keeps_what_a_local_path_does(s3_location, s3_options, tmp_path):
     expected_out, expected_state = _run(tmp_path / "ckpt", _batches(), (2,))
     out, state = _run(s3_location, _batches(), (2,), storage_options=s3_options)
@@ -45,6 +44,7 @@ def test_local_runner_on_s3_emits_and_keeps_what_a_local_path_does(s3_location, 
     assert CheckpointStorage(s3_location, storage_options=s3_options, create=False).latest_version() == 5
 
 
+@pytest.mark.slow
 def test_local_runner_on_s3_restarts_at_another_parallelism(s3_location, s3_options, tmp_path):
     expected_out, expected_state = _run(tmp_path / "ckpt", _batches(), (1,))
     out, state = _run(s3_location, _batches(), (1, 3, 2), storage_options=s3_options)
@@ -52,6 +52,7 @@ def test_local_runner_on_s3_restarts_at_another_parallelism(s3_location, s3_opti
     assert state == expected_state
 
 
+@pytest.mark.slow
 def test_retention_on_s3_deletes_old_versions_and_their_files(s3_location, s3_options):
     _run(s3_location, _batches(), (2,), storage_options=s3_options)
     storage = CheckpointStorage(s3_location, storage_options=s3_options, create=False)
@@ -59,3 +60,14 @@ def test_retention_on_s3_deletes_old_versions_and_their_files(s3_location, s3_op
     referenced = set().union(*(storage.read_manifest(v).files() for v in storage.versions()))
     assert set(storage.data_files()) == referenced  # no file of a deleted version is left
     assert [v for _, v in storage.batch_records()] == [3, 4, 5]
+
+
+def test_storage_options_need_a_checkpoint_location():
+    with pytest.raises(ValueError, match="storage_options"):
+        LocalRunner(count_sum, key="k", storage_options={"anon": True})
+
+
+def test_storage_options_beside_a_checkpoint_storage_are_refused(tmp_path):
+    storage = CheckpointStorage(tmp_path / "ckpt")
+    with pytest.raises(ValueError, match="storage_options"):
+        LocalRunner(count_sum, key="k", checkpoint_location=storage, storage_options={"anon": True})

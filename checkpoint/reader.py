@@ -23,7 +23,16 @@ whose key groups have a newer snapshot in this restore (possible after
 rescaling only: a writer snapshots the key groups it owns that share a file
 together) is loaded entry by entry from a scratch RocksDB.
 
-Memory: one section at a time is read (local files: views of the mapping);
+From an object store (any location that is not a local path) nothing is
+read one file after the other: sections are fetched by concurrent ranged
+requests (consecutive sections of a file by one request) and SST files by
+ranged requests of the size the manifest records, ``FETCH_THREADS`` requests
+at a time; no request asks for a file's size (a HEAD per file is a round trip
+of its own, 10-50 ms on S3). A file of another size than recorded is still
+caught: a short read, or the one byte asked past the recorded end.
+
+Memory: one section at a time is read (local files: views of the mapping;
+object stores: at most ``FETCH_AHEAD_BYTES`` fetched ahead);
 SST payloads and copies are staged to files (written and fdatasync'ed by four
 worker threads, overlapping the reads, so RocksDB's own fsync at ingestion is
 cheap); record blocks are kept until they are applied, which is small for

@@ -179,6 +179,24 @@ def test_restore_from_s3_of_an_sst_file_of_another_size_names_the_file(s3_storag
         close_tables(target)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("keep", [8, 0.5], ids=["before-the-first-section", "half"])
+def test_restore_from_s3_of_a_truncated_task_file_names_the_file(s3_storage, tables, tmp_path, keep):
+    _fill(tables)
+    manifest = _four_tasks(s3_storage, tables, encoding=RECORDS)
+    task_file = manifest.chain(0)[0].file
+    fs = s3_storage._fs.fs
+    path = f"{s3_storage._fs.root}/{task_file}"
+    data = fs.cat_file(path)
+    fs.pipe_file(path, data[: keep if isinstance(keep, int) else int(len(data) * keep)])
+    target = open_tables(tmp_path / "restored", max_parallelism=MP)
+    try:
+        with pytest.raises(CheckpointCorruptError, match=f"{task_file}.* is truncated"):
+            restore(s3_storage, 1, range(MP), target)
+    finally:
+        close_tables(target)
+
+
 # ---------------------------------------------------------------- read_state and inspect
 @pytest.mark.slow
 def test_read_state_reads_an_s3_location_with_storage_options(s3_location, s3_options, tables):

@@ -47,6 +47,8 @@ def read_state(
     with ``with_key_group`` a ``key_group`` column first. Rows are in RocksDB
     order (key group, then canonical key bytes). The version is restored into
     a temporary RocksDB, so every section's checksum is verified on the way.
+    ``storage_options`` are the fsspec options of a URL ``location`` (one mapping,
+    e.g. ``{"client_kwargs": {"endpoint_url": ...}}`` for s3fs).
 
     Values are unpickled (with the default ``loads``): read only locations
     whose writers you trust, or set a checkpoint key (``checkpoint_key=`` or

@@ -286,15 +286,16 @@ class _FsspecFS:
                 "processes write); leave the option out"
             )
         # No listings cache. fsspec filesystems (s3fs, gcsfs, ...) keep the directory listings they
-        # made, and answer exists/info/ls from them; a listing only sees this process's own writes.
-        # But a checkpoint location is written by other processes: Spark tasks write the task files
-        # the driver's commit then checks, another driver may have committed versions. With the
-        # cache, commit found a task file "missing" because retention had listed data/ before the
-        # tasks wrote it. Invalidating before each check (fs.invalidate_cache(path)) would have to
-        # precede every exists/ls/size here and in every future caller, and skip_instance_cache
-        # only stops sharing the instance, not its own cache going stale. Turning the cache off
-        # where the filesystem is made keeps every answer current; it costs nothing we rely on:
-        # the few listings a batch makes (manifests/, data/ at retention) are fresh requests anyway.
+        # made and answer exists/info/ls from them; such a listing only follows this process's own
+        # writes. A checkpoint location is written by other processes: Spark tasks write the task
+        # files the driver's commit then looks for, another driver may have committed versions.
+        # With the cache, commit found a task file "missing" because retention had listed data/
+        # before the tasks wrote it. fs.invalidate_cache(path) before each check would have to
+        # precede every exists/ls/info here and in every future caller (one forgotten call is this
+        # bug again), and skip_instance_cache only stops sharing the instance: its own cache still
+        # goes stale. Off where the filesystem is made, every answer is current. The price is
+        # requests: an exists is a HEAD of its own, so commit checks the tasks' files against one
+        # fresh listing of data/ instead, and a restore asks for no size at all (manifest sizes).
         self.fs, root = fsspec.core.url_to_fs(url, **{**storage_options, "use_listings_cache": False})
         self.root = root.rstrip("/")
 

@@ -14,7 +14,7 @@ import shutil
 import tempfile
 import time
 import weakref
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -98,7 +98,11 @@ class LocalRunner:
         key: the key columns.
         parallelism: operator instances (each owns a contiguous key-group range).
         max_parallelism: key groups; fixed for the life of a checkpoint.
-        checkpoint_location: local path or fsspec URL; None runs without checkpoints.
+        checkpoint_location: local path or fsspec URL (``s3://bucket/prefix`` with the
+            ``s3`` extra); None runs without checkpoints.
+        storage_options: fsspec options of a URL ``checkpoint_location``, one mapping
+            (e.g. ``{"client_kwargs": {"endpoint_url": ...}, "key": ..., "secret": ...}``
+            for s3fs); None: the filesystem's defaults (for S3: the AWS environment).
         timeout: ``"none"``, ``"processing"`` or ``"event"`` (GroupStateTimeout).
         event_time: the event-time column (epoch ms or timestamps) for the watermark.
         watermark_delay_ms: allowed lateness: watermark = max event time - delay.
@@ -143,6 +147,7 @@ class LocalRunner:
         checkpoint_key: str | bytes | None = None,
         memory_budget: Optional[int] = None,
         state_schema: Any = None,
+        storage_options: Optional[Mapping[str, Any]] = None,
     ) -> None:
         self.spec = spec_of(fn)
         if self.spec.function is None and self.spec.aggregations is None:
@@ -173,8 +178,10 @@ class LocalRunner:
                 f"key_types {list(self.key_types)} has {len(self.key_types)} types for the "
                 f"{len(self.key_columns)} key column(s) {self.key_columns}"
             )
-        if checkpoint_location is None and (start_version is not None or checkpoint_key is not None):
-            raise ValueError("start_version= and checkpoint_key= need a checkpoint_location")
+        if checkpoint_location is None and (
+            start_version is not None or checkpoint_key is not None or storage_options is not None
+        ):
+            raise ValueError("start_version=, checkpoint_key= and storage_options= need a checkpoint_location")
         # Without a location the runner keeps its committed versions in a private temporary
         # checkpoint, so that a failed batch can always go back to the last one.
         self._private_dir: Optional[str] = None
@@ -182,7 +189,9 @@ class LocalRunner:
             self._private_dir = tempfile.mkdtemp(prefix="opbuffer-local-")
             self._private_cleanup = weakref.finalize(self, shutil.rmtree, self._private_dir, True)
             checkpoint_location = self._private_dir
-        self.storage = CheckpointStorage.of(checkpoint_location, checkpoint_key=checkpoint_key)
+        self.storage = CheckpointStorage.of(
+            checkpoint_location, storage_options=storage_options, checkpoint_key=checkpoint_key
+        )
         self.state_schema = StateSchema.of(state_schema) if state_schema is not None else None
         self.version: Optional[int] = None
         self._highest_version: Optional[int] = None  # of every version ever committed, set-aside ones too

@@ -6,7 +6,7 @@ import os
 import pickle
 import tempfile
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from state import RocksDBStore, decode_key, denormalize_key
 
@@ -21,7 +21,7 @@ _KG_BYTES = 2
 
 
 def _storage(
-    location: Any, storage_options: dict[str, Any] | None, checkpoint_key: str | bytes | None = None
+    location: Any, storage_options: Mapping[str, Any] | None, checkpoint_key: str | bytes | None = None
 ) -> CheckpointStorage:
     return CheckpointStorage.of(location, storage_options=storage_options, create=False, checkpoint_key=checkpoint_key)
 
@@ -36,7 +36,7 @@ def read_state(
     key_groups: range | None = None,
     with_key_group: bool = False,
     loads: Callable[[bytes], Any] = pickle.loads,
-    storage_options: dict[str, Any] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
     checkpoint_key: str | bytes | None = None,
 ) -> pd.DataFrame:
     """Every key of ``table`` in ``version`` (latest if None) as a DataFrame, for debugging and tests.
@@ -47,6 +47,8 @@ def read_state(
     with ``with_key_group`` a ``key_group`` column first. Rows are in RocksDB
     order (key group, then canonical key bytes). The version is restored into
     a temporary RocksDB, so every section's checksum is verified on the way.
+    ``storage_options`` are the fsspec options of a URL ``location`` (one mapping,
+    e.g. ``{"client_kwargs": {"endpoint_url": ...}}`` for s3fs).
 
     Values are unpickled (with the default ``loads``): read only locations
     whose writers you trust, or set a checkpoint key (``checkpoint_key=`` or
@@ -95,7 +97,7 @@ def describe(
     version: int | None = None,
     *,
     verify: bool = False,
-    storage_options: dict[str, Any] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
     checkpoint_key: str | bytes | None = None,
 ) -> dict[str, Any]:
     """A JSON-able description of a checkpoint location and one version (latest by default).

@@ -37,14 +37,17 @@ Local paths (and ``file://`` URLs) use ``os`` directly; any other URL
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import json
 import os
 import re
 import uuid
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import IO, Any, Iterator
+from typing import IO, Any, Iterable, Iterator, Mapping
 
 from .errors import (
     CheckpointCorruptError,
@@ -69,6 +72,11 @@ _MANIFEST_RE = re.compile(r"^v(\d{10})\.json$")
 _TMP_MANIFEST_RE = re.compile(r"^\.tmp-v(\d{10})-[0-9a-f]+\.json$")
 _DATA_RE = re.compile(r"^v(\d{10})-.*\.(?:ckpt|sst)$")
 _TASK_RE = re.compile(r"[^A-Za-z0-9_.=]+")
+#: Requests to an object store in flight at once while reading ranges (each one is a round trip of
+#: 1-50 ms on S3, nearly all of it waiting: threads overlap the waits).
+FETCH_THREADS = 16
+#: Bytes of ranges fetched ahead of the reader at most (bounds the memory of a concurrent read).
+FETCH_AHEAD_BYTES = 128 << 20
 
 
 def manifest_path(version: int) -> str:
@@ -169,6 +177,19 @@ def data_file_version(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def _check_options(storage_options: Any, location: str) -> Mapping[str, Any]:
+    """``storage_options`` as a mapping (None: empty); anything else is a TypeError naming it."""
+    if storage_options is None:
+        return {}
+    if not isinstance(storage_options, Mapping):
+        raise TypeError(
+            f"storage_options for {location!r} must be a mapping of fsspec options "
+            f"(e.g. {{'client_kwargs': {{'endpoint_url': ...}}}}), got {type(storage_options).__name__}: "
+            f"{storage_options!r:.200}"
+        )
+    return storage_options
+
+
 def _check_version(version: int) -> int:
     if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version < 10**10:
         raise ValueError(f"version must be an int in [0, 10**10), got {version!r}")
@@ -214,6 +235,11 @@ class _LocalFS:
         with open(self.full(rel), "rb") as f:
             return f.read()
 
+    def read_range(self, rel: str, start: int, end: int) -> bytes:
+        with open(self.full(rel), "rb") as f:
+            f.seek(start)
+            return f.read(end - start)
+
     def delete(self, rel: str) -> None:
         try:
             os.remove(self.full(rel))
@@ -253,7 +279,24 @@ class _FsspecFS:
             import fsspec
         except ImportError as exc:  # pragma: no cover - depends on the environment
             raise CheckpointError(f"checkpoint location {url!r} needs fsspec (pip install fsspec)") from exc
-        self.fs, root = fsspec.core.url_to_fs(url, **storage_options)
+        if storage_options.get("use_listings_cache", False):
+            raise ValueError(
+                f"storage_options use_listings_cache={storage_options['use_listings_cache']!r} for {url!r}: "
+                "a checkpoint location is never read through a listings cache (it would hide the files other "
+                "processes write); leave the option out"
+            )
+        # No listings cache. fsspec filesystems (s3fs, gcsfs, ...) keep the directory listings they
+        # made and answer exists/info/ls from them; such a listing only follows this process's own
+        # writes. A checkpoint location is written by other processes: Spark tasks write the task
+        # files the driver's commit then looks for, another driver may have committed versions.
+        # With the cache, commit found a task file "missing" because retention had listed data/
+        # before the tasks wrote it. fs.invalidate_cache(path) before each check would have to
+        # precede every exists/ls/info here and in every future caller (one forgotten call is this
+        # bug again), and skip_instance_cache only stops sharing the instance: its own cache still
+        # goes stale. Off where the filesystem is made, every answer is current. The price is
+        # requests: an exists is a HEAD of its own, so commit checks the tasks' files against one
+        # fresh listing of data/ instead, and a restore asks for no size at all (manifest sizes).
+        self.fs, root = fsspec.core.url_to_fs(url, **{**storage_options, "use_listings_cache": False})
         self.root = root.rstrip("/")
 
     def full(self, rel: str) -> str:
@@ -284,7 +327,25 @@ class _FsspecFS:
         return self.fs.open(self.full(rel), "rb")
 
     def read_bytes(self, rel: str) -> bytes:
-        return bytes(self.fs.cat_file(self.full(rel)))
+        # From offset 0 to the end: s3fs then sends one GET ("bytes=0-"); without a start it
+        # asks for the size first (a HEAD), to split a large object into concurrent parts.
+        return self._cat(rel, 0, None)
+
+    def read_range(self, rel: str, start: int, end: int) -> bytes:
+        # With both ends given, an object store answers with one ranged GET: no HEAD for the size.
+        return self._cat(rel, start, end)
+
+    def _cat(self, rel: str, start: int, end: int | None) -> bytes:
+        try:
+            return bytes(self.fs.cat_file(self.full(rel), start=start, end=end))
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            # S3 refuses a range starting at or past the end of the object (416); a local file
+            # or memory:// reads nothing there. The caller sees a short read either way.
+            if exc.errno == errno.EINVAL and "range" in str(exc).lower():
+                return b""
+            raise
 
     def delete(self, rel: str) -> None:
         try:
@@ -305,7 +366,9 @@ class CheckpointStorage:
     Args:
         location: a local directory (created if missing), a ``file://`` URL or
             any fsspec URL (``memory://...``, ``s3://bucket/prefix``, ...).
-        storage_options: passed to fsspec for non-local URLs.
+        storage_options: one mapping of fsspec options for a non-local URL (for s3fs e.g.
+            ``{"client_kwargs": {"endpoint_url": ...}, "key": ..., "secret": ...}``). The
+            location is never read through a listings cache (``use_listings_cache`` is off).
         create: create the location's directories (off for read-only uses such as ``inspect``).
         checkpoint_key: the key manifests and batch records are signed with and
             verified against (str: its UTF-8 bytes); None: ``$OPBUFFER_CHECKPOINT_KEY``
@@ -335,7 +398,7 @@ class CheckpointStorage:
         if text.startswith("file://"):
             self._fs: _LocalFS | _FsspecFS = _LocalFS(text[len("file://") :])
         elif "://" in text:
-            self._fs = _FsspecFS(text, dict(storage_options or {}))
+            self._fs = _FsspecFS(text, dict(_check_options(storage_options, text)))
         else:
             self._fs = _LocalFS(text)
         if create:
@@ -352,6 +415,10 @@ class CheckpointStorage:
             key = kwargs.get("checkpoint_key")
             if key is not None and resolve_key(key) != location._key:
                 raise ValueError(f"checkpoint_key differs from the key of the given {location!r}")
+            if kwargs.get("storage_options"):  # they would be silently ignored: the storage has its filesystem
+                raise ValueError(
+                    f"storage_options are for a location given as a path or URL, not for the given {location!r}"
+                )
             return location
         return cls(location, **kwargs)
 
@@ -628,14 +695,53 @@ class CheckpointStorage:
 
     def read_small_file(self, rel: str) -> bytes | None:
         """The bytes of a small file, or None if it does not exist."""
-        if not self._fs.exists(rel):
+        try:
+            return self._fs.read_bytes(rel)  # one request: no existence check before it
+        except FileNotFoundError:
             return None
-        return self._fs.read_bytes(rel)
 
     def read_range(self, rel: str, offset: int, length: int) -> bytes:
-        with self._fs.open_read(rel) as f:
-            f.seek(offset)
-            return f.read(length)
+        """``length`` bytes of ``rel`` from ``offset`` (fewer at the end of the file); one request, no size lookup."""
+        return self._fs.read_range(rel, offset, offset + length)
+
+    def read_ranges(
+        self, ranges: Iterable[tuple[str, int, int]], *, ahead_bytes: int = FETCH_AHEAD_BYTES
+    ) -> Iterator[tuple[tuple[str, int, int], "Future[bytes]"]]:
+        """Each ``(rel, offset, length)`` range with a future of its bytes, in the order given.
+
+        On an object store the ranges are fetched concurrently (FETCH_THREADS
+        requests at once, up to ``ahead_bytes`` ahead of the caller), each with
+        one ranged GET of the length the caller knows (from a manifest): no
+        request for a file's size. A local location reads each range when the
+        caller asks for its result. ``result()`` raises FileNotFoundError for a
+        missing file and returns fewer bytes than asked past its end.
+        """
+        if self.is_local:
+            for item in ranges:
+                future: Future[bytes] = Future()
+                try:
+                    future.set_result(self.read_range(*item))
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
+                    future.set_exception(exc)
+                yield item, future
+            return
+        pool = ThreadPoolExecutor(max_workers=FETCH_THREADS, thread_name_prefix="opbuffer-fetch")
+        in_flight: deque[tuple[tuple[str, int, int], Future[bytes]]] = deque()
+        try:
+            pending_bytes = 0
+            for item in ranges:
+                while in_flight and (len(in_flight) >= 4 * FETCH_THREADS or pending_bytes + item[2] > ahead_bytes):
+                    done = in_flight.popleft()
+                    pending_bytes -= done[0][2]
+                    yield done
+                in_flight.append((item, pool.submit(self.read_range, *item)))
+                pending_bytes += item[2]
+            while in_flight:
+                yield in_flight.popleft()
+        finally:
+            for _, future in in_flight:
+                future.cancel()
+            pool.shutdown(wait=True)
 
     def size(self, rel: str) -> int:
         return self._fs.size(rel)

@@ -538,11 +538,15 @@ def commit(
         )
     previous = storage.read_manifest(latest) if latest is not None else None
     manifest = Manifest.build(previous, version, parsed, metadata, max_parallelism=max_parallelism)
+    # One fresh listing of data/ (never a cached one: the tasks that wrote the files are other
+    # processes) instead of one existence check per file: on an object store a LIST answers for
+    # up to 1000 files in one round trip, where each check is a HEAD of its own.
+    present = set(storage.data_files())
     for report in parsed:
-        if report.file is not None and not storage.exists(report.file):
+        if report.file is not None and report.file not in present:
             raise CheckpointError(f"task {report.task!r} reported {report.file!r}, which does not exist")
         for name in sorted({f for ref in report.sections for f in ref.sst_files}):
-            if not storage.exists(name):
+            if name not in present:
                 raise CheckpointError(f"task {report.task!r} reported the SST file {name!r}, which does not exist")
     storage.write_manifest(manifest)
     if retain is not None:

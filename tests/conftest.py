@@ -63,3 +63,41 @@ def spark() -> Iterator["pyspark.sql.SparkSession"]:  # type: ignore[name-define
         yield session
     finally:
         session.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator["S3Server"]:  # noqa: F821
+    """A moto S3 server on 127.0.0.1 (a free port, its own process group) with a bucket; stopped at the end.
+
+    Skipped when s3fs or moto's server is not installed, except under CI
+    (``CI`` set), where the S3 tests must run.
+    """
+    try:
+        import s3fs  # noqa: F401
+
+        from .s3_server import _moto_server
+
+        _moto_server()
+    except (ImportError, FileNotFoundError) as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"S3 tests need s3fs and moto[server] (the test extra): {exc}", pytrace=False)
+        pytest.skip(f"S3 tests need s3fs and moto[server]: {exc}")
+    from .s3_server import start_s3_server
+
+    server = start_s3_server()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_location(s3_server, request) -> str:
+    """A fresh ``s3://`` checkpoint location on the test session's S3 server (reach it with ``s3_options``)."""
+    return s3_server.location(request.node.name.split("[")[0][:40])
+
+
+@pytest.fixture
+def s3_options(s3_server) -> dict:
+    """The s3fs storage options of the test session's S3 server (a fresh dict per test)."""
+    return s3_server.storage_options

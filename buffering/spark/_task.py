@@ -73,7 +73,8 @@ class TaskPlan:
     parallelism: int
     max_parallelism: int
     location: str
-    storage_options: dict[str, Any]
+    #: fsspec options of a URL location, one mapping; kept out of repr (they may hold credentials).
+    storage_options: dict[str, Any] = field(repr=False)
     output_columns: list[str]
     timeout_conf: str = GroupStateTimeout.NoTimeout
     event_time: Optional[str] = None

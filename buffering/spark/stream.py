@@ -656,6 +656,8 @@ def run_stream(
             a backlog, is dropped here.
         combine_before_shuffle: pre-aggregate before the shuffle (default: when fn has a mapping combiner).
         retain: committed versions kept (older files are deleted).
+        storage_options: fsspec options of a URL ``checkpoint_location``, one mapping (for
+            s3fs e.g. ``{"client_kwargs": {"endpoint_url": ...}}``); the tasks get the same.
         on_batch: called on the driver with each batch's :class:`BatchMetrics`.
         memory_budget: bytes that the state caches of all operator instances of one
             Spark Python worker hold together (one CacheManager per worker process);

@@ -44,3 +44,27 @@ def test_inspect_json_of_an_older_version(storage, make_tables, capsys):
 def test_inspect_of_a_missing_version_fails_with_a_message(storage, capsys):
     assert main(["inspect", storage.location, "--version", "9"]) == 1
     assert "version 9" in capsys.readouterr().err
+
+
+def test_inspect_refuses_a_storage_option_without_a_value(storage, capsys):
+    assert main(["inspect", storage.location, "--storage-option", "client_kwargs.endpoint_url"]) == 2
+    assert "must be KEY=VALUE" in capsys.readouterr().err
+
+
+def test_inspect_refuses_storage_options_that_are_not_a_json_object(storage, capsys):
+    assert main(["inspect", storage.location, "--storage-options", '["key", "x"]']) == 2
+    assert "must be a JSON object" in capsys.readouterr().err
+
+
+def test_storage_options_merge_json_then_dotted_pairs():
+    from checkpoint.__main__ import storage_options_of
+
+    options = storage_options_of(
+        '{"key": "a", "client_kwargs": {"region_name": "eu-west-1"}}',
+        ["client_kwargs.endpoint_url=http://127.0.0.1:9000", "key=b", "anon=false"],
+    )
+    assert options == {
+        "key": "b",
+        "anon": False,
+        "client_kwargs": {"region_name": "eu-west-1", "endpoint_url": "http://127.0.0.1:9000"},
+    }

@@ -117,6 +117,28 @@ def test_report_survives_json_round_trip(storage, make_tables):
     assert again == report
 
 
+def test_a_reported_task_file_that_does_not_exist_is_refused_at_commit(storage, make_tables):
+    tables = make_tables(max_parallelism=16, track=True)
+    _fill(tables)
+    report = CheckpointWriter(storage, key_groups=range(16), task="t0").write(1, tables, None, None, full=True)
+    storage.delete(report.file)
+    with pytest.raises(CheckpointError, match=f"reported {report.file!r}, which does not exist"):
+        commit(storage, 1, [report])
+    assert storage.versions() == []
+
+
+def test_a_reported_sst_file_that_does_not_exist_is_refused_at_commit(storage, make_tables):
+    tables = make_tables(max_parallelism=16, track=True)
+    _fill(tables)
+    report = CheckpointWriter(storage, key_groups=range(16), task="t0", sst_min_entries=1).write(
+        1, tables, None, None, full=True)
+    sst = next(name for ref in report.sections for name in ref.sst_files)
+    storage.delete(sst)
+    with pytest.raises(CheckpointError, match=f"the SST file {sst!r}, which does not exist"):
+        commit(storage, 1, [report])
+    assert storage.versions() == []
+
+
 def test_committing_a_version_twice_is_refused(storage, make_tables):
     tables = make_tables(track=True)
     _fill(tables)

@@ -118,7 +118,14 @@ class OperatorInstance:
     ) -> "OperatorInstance":
         """Instance ``index`` of ``runner``'s operator: how every runner builds its instances.
 
-        ``storage``, ``manager``, ``workdir`` and ``fresh`` are as for the constructor.
+        Args:
+            runner: the operator's settings (a LocalRunner, or a Spark TaskPlan).
+            index: which instance (it owns ``key_group_range(index, parallelism, max_parallelism)``).
+            storage: the checkpoint it restores from and writes to (None: no checkpoints).
+            manager: the CacheManager whose budget bounds its state cache (None: no budget).
+            workdir: its working RocksDB directory (None: ``instance-{index}-of-{parallelism}`` under
+                the operator's ``cached_state(path=)`` or a new temporary directory).
+            fresh: rebuild the working store (True), or keep what ``workdir`` holds to adopt it.
         """
         return cls(
             runner.spec,

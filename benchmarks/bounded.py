@@ -152,11 +152,11 @@ def close_worker_instances(spark: Any, tasks: int = 8) -> None:
     """Best effort: close the operator instances hash mode leaves in the Python workers (open RocksDBs)."""
 
     def close(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        from buffering.spark import _task
+        from buffering.spark import _workers
 
         for _ in batches:
             pass
-        _task.close_all()
+        _workers.close_all()
         yield pd.DataFrame({"pid": [os.getpid()]})
 
     try:

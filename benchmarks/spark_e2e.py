@@ -333,12 +333,12 @@ def close_worker_instances(spark: Any, tasks: int = 8) -> list[int]:
     """Best effort: close the operator instances the Python workers keep between batches (memory, open RocksDBs)."""
 
     def close(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        from buffering.spark import _task
+        from buffering.spark import _workers
 
         for _ in batches:
             pass
-        n = len(_task._LIVE)
-        _task.close_all()
+        n = len(_workers._LIVE)
+        _workers.close_all()
         yield pd.DataFrame({"pid": [os.getpid()], "closed": [n]})
 
     try:

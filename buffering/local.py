@@ -222,21 +222,8 @@ class LocalRunner:
 
     # ------------------------------------------------------------ instances
     def _start_instances(self) -> None:
-        watermark_present = self.event_time is not None
         self._instances = [
-            OperatorInstance(
-                self.spec,
-                key_columns=self.key_columns,
-                key_types=self.key_types,
-                index=i,
-                parallelism=self.parallelism,
-                max_parallelism=self.max_parallelism,
-                timeout_conf=self.timeout_conf,
-                watermark_present=watermark_present,
-                storage=self.storage,
-                manager=self._manager,
-                state_schema=self.state_schema,
-            )
+            OperatorInstance.for_runner(self, i, storage=self.storage, manager=self._manager)
             for i in range(self.parallelism)
         ]
         if self._manifest is not None:

@@ -15,7 +15,7 @@ import shutil
 import tempfile
 import weakref
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
 import pandas as pd
 
@@ -81,8 +81,67 @@ class _WorkingFiles:
                 shutil.rmtree(owned, ignore_errors=True)
 
 
+class RunnerSettings(Protocol):
+    """What every instance of one operator shares, as a runner holds it (a LocalRunner, a Spark task plan)."""
+
+    @property
+    def spec(self) -> OperatorSpec: ...
+    @property
+    def key_columns(self) -> list[str]: ...
+    @property
+    def key_types(self) -> Optional[tuple[str, ...]]: ...
+    @property
+    def parallelism(self) -> int: ...
+    @property
+    def max_parallelism(self) -> int: ...
+    @property
+    def timeout_conf(self) -> str: ...
+    @property
+    def event_time(self) -> Optional[str]: ...
+    @property
+    def state_schema(self) -> Optional[StateSchema]: ...
+
+
 class OperatorInstance:
     """The operator for the key groups of instance ``index`` of ``parallelism``."""
+
+    @classmethod
+    def for_runner(
+        cls,
+        runner: RunnerSettings,
+        index: int,
+        *,
+        storage: Optional[CheckpointStorage],
+        manager: Optional[CacheManager],
+        workdir: Optional[str] = None,
+        fresh: bool = True,
+    ) -> "OperatorInstance":
+        """Instance ``index`` of ``runner``'s operator: how every runner builds its instances.
+
+        Args:
+            runner: the operator's settings (a LocalRunner, or a Spark TaskPlan).
+            index: which instance (it owns ``key_group_range(index, parallelism, max_parallelism)``).
+            storage: the checkpoint it restores from and writes to (None: no checkpoints).
+            manager: the CacheManager whose budget bounds its state cache (None: no budget).
+            workdir: its working RocksDB directory (None: ``instance-{index}-of-{parallelism}`` under
+                the operator's ``cached_state(path=)`` or a new temporary directory).
+            fresh: rebuild the working store (True), or keep what ``workdir`` holds to adopt it.
+        """
+        return cls(
+            runner.spec,
+            key_columns=runner.key_columns,
+            key_types=runner.key_types,
+            index=index,
+            parallelism=runner.parallelism,
+            max_parallelism=runner.max_parallelism,
+            timeout_conf=runner.timeout_conf,
+            watermark_present=runner.event_time is not None,
+            storage=storage,
+            workdir=workdir,
+            fresh=fresh,
+            manager=manager,
+            state_schema=runner.state_schema,
+        )
 
     def __init__(
         self,

@@ -3,33 +3,25 @@
 Nothing here imports pyspark at module level except ``TaskContext`` (looked
 up lazily), so the functions can be unit-tested with plain pandas frames.
 
-Workers are reused across micro-batches, so a worker keeps its operator
-instances (``_LIVE``) and reuses one when it already holds exactly the
-version a task must start from; anything else is rebuilt from the checkpoint.
-That is the whole exactly-once argument: a task of batch N always starts from
-the committed version before N.
+A task starts each operator instance at the committed version before its
+batch; where it gets it (a warm instance of this worker, a store another
+worker left, the checkpoint) is :mod:`._workers`' business. The task's report
+to the driver is a :class:`TaskSummary`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import pickle
-import shutil
-import tempfile
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
 import numpy as np
 import pandas as pd
 
-from checkpoint import CheckpointCorruptError, CheckpointStorage, Manifest
-from state.base import StoreLockedError
-from state.cache import shared_manager
-from state.locks import FileLock, directory_lock, process_alive
+from checkpoint import CheckpointStorage, TaskReport
 from state.group_state import NO_TIMESTAMP, GroupStateTimeout
 from state.keygroups import key_group_from_hash, operator_indexes
 from state.keys import normalize_key, spark_hash
@@ -41,6 +33,7 @@ from ..frames import concat_frames
 from ..operator import OperatorInstance
 from .. import protocol
 from ..protocol import event_time_ms
+from . import _workers
 from ._sql_combine import SqlPartial
 from ._sql_combine import accumulators as sql_accumulators
 from .sinks import write_task_part
@@ -109,21 +102,70 @@ class BatchContext:
     watermark_ms: int
 
 
-@dataclass
-class _Live:
-    instance: OperatorInstance
-    #: The token of the ownership record it released (None while a task runs on it).
-    token: Optional[str]
+@dataclass(frozen=True)
+class InstanceReport:
+    """What one operator instance did in one task: the checkpoint it wrote and its counters."""
+
+    instance: int
+    #: How the task got the instance: ``_workers.RESUMED``, ``ADOPTED``, ``RESTORED`` or ``NEW``.
+    start: str
+    #: What it wrote for the batch's version (the driver commits it).
+    report: TaskReport
+    #: Counters of this batch (rows_in, calls, cache_hits, checkpoint_seconds, ...) and gauges
+    #: (cache_entries, pending_keys, timers, ...): open-ended, so a mapping of floats.
+    metrics: dict[str, float]
+
+    def batch_metrics_entry(self) -> dict[str, Any]:
+        """Its entry of ``BatchMetrics.per_instance``: ``instance``, ``start`` and the metrics."""
+        return {"instance": self.instance, "start": self.start, **self.metrics}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"instance": self.instance, "start": self.start, "report": self.report.to_dict(), "metrics": self.metrics}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "InstanceReport":
+        return cls(
+            instance=int(data["instance"]),
+            start=str(data["start"]),
+            report=TaskReport.from_dict(data["report"]),
+            metrics={str(name): float(value) for name, value in data["metrics"].items()},
+        )
 
 
-_LIVE: dict[tuple[str, str, int, int], _Live] = {}
+@dataclass(frozen=True)
+class TaskSummary:
+    """One task's report to the driver, carried as JSON in REPORT_COLUMN of its last row."""
 
-#: How a task got its instance (``BatchMetrics.per_instance[i]["start"]``).
-RESUMED = "resumed"  # this process held it since the previous batch: warm cache
-ADOPTED = "adopted"  # the working store another Python worker of this machine left: cold cache
-RESTORED = "restored"  # rebuilt from the checkpoint (the executor held no current copy)
-NEW = "new"  # no committed version yet: nothing to restore
-_MANIFESTS: dict[tuple[str, int, Optional[bytes]], Manifest] = {}
+    partition: int
+    instances: tuple[InstanceReport, ...]
+    #: Max event time (epoch ms) of the rows the task saw; NO_TIMESTAMP without any.
+    max_event_time_ms: int
+    dropped_late_rows: int
+    #: The task's own time: getting its instances, processing, checkpointing.
+    seconds: float
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "partition": self.partition,
+                "instances": [i.to_dict() for i in self.instances],
+                "max_event_time_ms": self.max_event_time_ms,
+                "dropped_late_rows": self.dropped_late_rows,
+                "seconds": self.seconds,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> "TaskSummary":
+        data = json.loads(text)
+        return cls(
+            partition=int(data["partition"]),
+            instances=tuple(InstanceReport.from_dict(i) for i in data["instances"]),
+            max_event_time_ms=int(data["max_event_time_ms"]),
+            dropped_late_rows=int(data["dropped_late_rows"]),
+            seconds=float(data["seconds"]),
+        )
+
 
 
 def drop_late_rows(plan: TaskPlan, frame: pd.DataFrame, watermark_ms: int) -> tuple[pd.DataFrame, int, int]:
@@ -207,187 +249,6 @@ def _storage(plan: TaskPlan) -> CheckpointStorage:
     return CheckpointStorage.of(plan.location, storage_options=plan.storage_options, checkpoint_key=plan.checkpoint_key)
 
 
-def _manifest(plan: TaskPlan, storage: CheckpointStorage, version: int) -> Manifest:
-    key = (plan.location, version, plan.checkpoint_key)  # a manifest verified with one key is not with another
-    cached = _MANIFESTS.get(key)
-    if cached is None:
-        cached = _MANIFESTS[key] = storage.read_manifest(version)
-        if len(_MANIFESTS) > 16:
-            _MANIFESTS.pop(next(iter(_MANIFESTS)))
-    return cached
-
-
-OWNER_FILE = "OWNER.json"
-
-
-def state_dir(plan: TaskPlan, index: int) -> str:
-    """The executor-local directory of instance ``index``: shared by the worker processes of one machine."""
-    base = plan.workdir or os.path.join(tempfile.gettempdir(), "opbuffer-state")
-    return os.path.join(base, plan.query_id, f"i{index}of{plan.parallelism}")
-
-
-def _claim(directory: str) -> Optional[dict[str, Any]]:
-    """Take the directory's ownership record (atomically: one claimer wins), or None."""
-    claimed = os.path.join(directory, f".claimed-{os.getpid()}-{uuid.uuid4().hex}")
-    try:
-        os.rename(os.path.join(directory, OWNER_FILE), claimed)
-    except FileNotFoundError:
-        return None
-    try:
-        with open(claimed) as f:
-            return dict(json.load(f))
-    except (OSError, ValueError):
-        return None
-    finally:
-        with contextlib.suppress(OSError):
-            os.remove(claimed)
-
-
-def _release(directory: str, version: int, token: str, db: str) -> None:
-    """Record that ``db`` holds exactly ``version`` and is closed: the next task may take it over."""
-    tmp = os.path.join(directory, f".owner-{os.getpid()}-{uuid.uuid4().hex}")
-    with open(tmp, "w") as f:
-        json.dump({"version": version, "token": token, "db": db, "pid": os.getpid()}, f)
-    os.replace(tmp, os.path.join(directory, OWNER_FILE))
-
-
-def _drop_live(key: tuple[str, str, int, int]) -> None:
-    """Forget this process's instance without flushing: it may hold a failed attempt's changes.
-
-    What it released last (a suspended store named by OWNER.json) is on disk
-    already; anything after that must not reach the store.
-    """
-    live = _LIVE.pop(key, None)
-    if live is not None:
-        with contextlib.suppress(Exception):
-            live.instance.discard()
-
-
-def _new_instance(plan: TaskPlan, storage: CheckpointStorage, index: int, workdir: str, fresh: bool) -> OperatorInstance:
-    return OperatorInstance(
-        plan.spec,
-        key_columns=plan.key_columns,
-        key_types=plan.key_types,
-        index=index,
-        parallelism=plan.parallelism,
-        max_parallelism=plan.max_parallelism,
-        timeout_conf=plan.timeout_conf,
-        watermark_present=plan.event_time is not None,
-        storage=storage,
-        workdir=workdir,
-        fresh=fresh,
-        # One manager per worker process and budget: workers are reused across tasks and batches.
-        manager=shared_manager(plan.memory_budget) if plan.memory_budget is not None else None,
-        state_schema=plan.state_schema,
-    )
-
-
-def _instance(
-    plan: TaskPlan, storage: CheckpointStorage, index: int, context: BatchContext
-) -> tuple[OperatorInstance, str]:
-    """The instance for ``index`` at the committed version before this batch, and how it started.
-
-    In order of preference: this process's own suspended instance (warm
-    cache), the working RocksDB another worker process of this machine left at
-    exactly that version, or a new one restored from the checkpoint. The choice
-    is made under the instance directory's lock, so that the sweep of crashed
-    attempts' stores never races a hand-over.
-    """
-    directory = state_dir(plan, index)
-    os.makedirs(directory, exist_ok=True)
-    with FileLock(os.path.join(directory, ".instance.lock")):
-        instance, start = _choose_instance(plan, storage, index, context, directory)
-        _sweep_stores(directory, keep=os.path.basename(instance.workdir or ""))
-    return instance, start
-
-
-def _choose_instance(
-    plan: TaskPlan, storage: CheckpointStorage, index: int, context: BatchContext, directory: str
-) -> tuple[OperatorInstance, str]:
-    key = (plan.location, plan.query_id, index, plan.parallelism)
-    claim = _claim(directory)
-    live = _LIVE.get(key)
-    if claim is not None and claim.get("version") == context.previous_version:
-        db = os.path.join(directory, str(claim["db"]))
-        try:
-            if live is not None and live.token == claim.get("token") and live.instance.suspended:
-                live.instance.resume()
-                live.token = None
-                return live.instance, RESUMED
-            _drop_live(key)
-            instance = _new_instance(plan, storage, index, db, fresh=False)
-            instance.adopt()
-            _LIVE[key] = _Live(instance, None)
-            return instance, ADOPTED
-        except StoreLockedError:
-            pass  # a straggling attempt still has it open: build a private copy
-    _drop_live(key)
-    # A claimed store that is not taken is left to _sweep_stores: it is removed unless a
-    # straggling attempt still holds it.
-    # Directories of this query at another parallelism are stale (the job was rescaled).
-    parent = os.path.dirname(directory)
-    for name in os.listdir(parent):
-        if not name.endswith(f"of{plan.parallelism}"):
-            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
-    for other in [k for k in _LIVE if k[1] == plan.query_id and k[3] != plan.parallelism]:
-        _drop_live(other)
-    instance = _new_instance(plan, storage, index, os.path.join(directory, f"db-{uuid.uuid4().hex}"), fresh=True)
-    if context.previous_version is not None:
-        try:
-            instance.restore(_manifest(plan, storage, context.previous_version))
-        except CheckpointCorruptError as exc:
-            raise storage.way_back_error(exc, context.previous_version) from exc
-    _LIVE[key] = _Live(instance, None)
-    return instance, (NEW if context.previous_version is None else RESTORED)
-
-
-def _sweep_stores(directory: str, keep: str) -> list[str]:
-    """Remove the working stores of crashed or abandoned attempts in an instance directory; return their names.
-
-    A store is in use while its process holds its claim (an open or
-    suspending instance) or while the ownership record names it (handed over,
-    waiting for the next task); every other ``db-*`` directory was left by an
-    attempt that died or was dropped. Leftover temp files of the ownership
-    record go too. Called under the instance directory's lock.
-    """
-    owner = None
-    try:
-        with open(os.path.join(directory, OWNER_FILE)) as f:
-            owner = json.load(f).get("db")
-    except (OSError, ValueError, AttributeError):
-        pass
-    removed = []
-    for name in os.listdir(directory):
-        path = os.path.join(directory, name)
-        if name.startswith((".claimed-", ".owner-")):
-            pid = name.split("-")[1]
-            if pid.isdigit() and int(pid) != os.getpid() and not process_alive(int(pid)):
-                with contextlib.suppress(OSError):
-                    os.remove(path)
-            continue
-        if name.startswith(".db-") and name.endswith(".lock"):  # the claim of a store (directory_lock)
-            if not os.path.exists(os.path.join(directory, name[1 : -len(".lock")])):
-                stale = FileLock(path)
-                if stale.try_acquire():
-                    with contextlib.suppress(OSError):
-                        os.remove(path)
-                    stale.release()
-            continue
-        if not name.startswith("db-") or name in (keep, owner):
-            continue
-        claim = directory_lock(path)
-        if not claim.try_acquire():
-            continue  # a live attempt holds it
-        try:
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(name)
-        finally:
-            claim.release()
-        with contextlib.suppress(OSError):
-            os.remove(claim.path)
-    return removed
-
-
 def _counters(instance: OperatorInstance) -> dict[str, float]:
     stats = instance.stats()
     out = {name: float(stats[name]) for name in ("rows_in", "flushes", "calls", "timeouts", "rows_out")}
@@ -439,7 +300,7 @@ def run_task(
     finally:
         if not completed:
             for index in instances:
-                _drop_live((plan.location, plan.query_id, index, plan.parallelism))
+                _workers.discard(plan, index)
 
 
 def _run_task(
@@ -460,7 +321,7 @@ def _run_task(
     def get(index: int) -> OperatorInstance:
         instance = instances.get(index)
         if instance is None:
-            instance, starts[index] = _instance(plan, storage, index, context)
+            instance, starts[index] = _workers.instance_for(plan, storage, index, context)
             instances[index] = instance
             before[index] = _counters(instance)
         return instance
@@ -496,8 +357,8 @@ def _run_task(
                     yield result
                 else:
                     collected.append(result)
-    previous = _manifest(plan, storage, context.previous_version) if context.previous_version is not None else None
-    reports = []
+    previous = _workers.manifest(plan, storage, context.previous_version) if context.previous_version is not None else None
+    reports: list[InstanceReport] = []
     for index in sorted(instances):
         instance = instances[index]
         result = _frame(plan, instance.end_of_batch(now, watermark))
@@ -522,16 +383,10 @@ def _run_task(
             pending_keys=float(len(instance.buffer)),
             timers=float(len(instance.timers)),
         )
-        reports.append({"instance": index, "report": report.to_dict(), "metrics": metrics, "start": starts[index]})
+        reports.append(InstanceReport(instance=index, start=starts[index], report=report, metrics=metrics))
     # Hand the working stores over only once every instance has checkpointed.
     for index, instance in instances.items():
-        instance.suspend()
-        token = uuid.uuid4().hex
-        assert instance.workdir is not None
-        _release(state_dir(plan, index), context.version, token, os.path.basename(instance.workdir))
-        # Only now that the record names the store may another worker take (or a sweep judge) it.
-        instance.release_workdir()
-        _LIVE[(plan.location, plan.query_id, index, plan.parallelism)].token = token
+        _workers.hand_over(plan, index, instance, context.version)
     if collected is not None:
         # Written before the report row is yielded: a report means the task's output is in place.
         assert plan.sink_dir is not None
@@ -540,15 +395,15 @@ def _run_task(
         )
         directory = os.path.join(plan.sink_dir, f"batch_id={context.version}")
         write_task_part(directory, partition_id, rows, plan.sink_schema)
-    summary = {
-        "partition": partition_id,
-        "instances": reports,
-        "max_event_time_ms": max_event,
-        "dropped_late_rows": dropped,
-        "seconds": time.perf_counter() - started,
-    }
+    summary = TaskSummary(
+        partition=partition_id,
+        instances=tuple(reports),
+        max_event_time_ms=max_event,
+        dropped_late_rows=dropped,
+        seconds=time.perf_counter() - started,
+    )
     row: dict[str, Any] = {name: [None] for name in plan.output_columns}
-    row[REPORT_COLUMN] = [json.dumps(summary)]
+    row[REPORT_COLUMN] = [summary.to_json()]
     yield pd.DataFrame(row)
 
 
@@ -667,11 +522,3 @@ def _normalized_keys(frame: pd.DataFrame, key_columns: list[str]) -> list[Any]:
     if len(key_columns) == 1:
         return [normalize_key(v) for v in frame[key_columns[0]].tolist()]
     return [normalize_key(tuple(row)) for row in frame[key_columns].itertuples(index=False, name=None)]
-
-
-def close_all() -> None:
-    """Close every live instance of this worker (tests, and interpreter exit)."""
-    while _LIVE:
-        _LIVE.popitem()[1].instance.close()
-    _MANIFESTS.clear()
-

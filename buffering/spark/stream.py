@@ -52,6 +52,7 @@ from ._task import (
     ROWS_COLUMN,
     BatchContext,
     TaskPlan,
+    TaskSummary,
 )
 from .sinks import ParquetSink, Sink, sink_of
 
@@ -404,9 +405,11 @@ class StreamRunner:
         if task_sink is None:  # the tasks write the rows and yield only reports
             out = out.persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            summaries = [json.loads(r[0]) for r in out.where(F.col(REPORT_COLUMN).isNotNull()).select(REPORT_COLUMN).collect()]
-            instances = [i for s in summaries for i in s["instances"]]
-            seen = sorted(i["instance"] for i in instances)
+            summaries = [
+                TaskSummary.from_json(r[0]) for r in out.where(F.col(REPORT_COLUMN).isNotNull()).select(REPORT_COLUMN).collect()
+            ]
+            instances = [i for s in summaries for i in s.instances]
+            seen = sorted(i.instance for i in instances)
             if seen != list(range(self.parallelism)):
                 raise RuntimeError(f"batch {version}: expected one report from each of instances 0..{self.parallelism - 1}, got {seen}")
             sink_started = time.perf_counter()
@@ -416,7 +419,7 @@ class StreamRunner:
                 self.sink(out.where(F.col(REPORT_COLUMN).isNull()).drop(REPORT_COLUMN), version)
             sink_seconds = time.perf_counter() - sink_started
             for s in summaries:
-                max_event = max(max_event, int(s["max_event_time_ms"]))
+                max_event = max(max_event, s.max_event_time_ms)
             commit_started = time.perf_counter()
             committed = not already_committed
             if committed:
@@ -424,7 +427,7 @@ class StreamRunner:
                     commit(
                         self.storage,
                         version,
-                        [i["report"] for i in instances],
+                        [i.report for i in instances],
                         metadata=commit_metadata(
                             max_event_time_ms=max_event,
                             processing_time_ms=context.processing_time_ms,
@@ -472,7 +475,7 @@ class StreamRunner:
     @staticmethod
     def _metrics(
         version: int,
-        summaries: list[dict[str, Any]],
+        summaries: list[TaskSummary],
         seconds: float,
         commit_seconds: float,
         committed: bool,
@@ -482,11 +485,11 @@ class StreamRunner:
         m.watermark_ms = context.watermark_ms
         m.tasks = len(summaries)
         for s in summaries:
-            m.dropped_late_rows += int(s["dropped_late_rows"])
-            m.task_seconds_max = max(m.task_seconds_max, float(s["seconds"]))
-            m.task_seconds_sum += float(s["seconds"])
-            for i in s["instances"]:
-                c = i["metrics"]
+            m.dropped_late_rows += s.dropped_late_rows
+            m.task_seconds_max = max(m.task_seconds_max, s.seconds)
+            m.task_seconds_sum += s.seconds
+            for i in s.instances:
+                c = i.metrics
                 m.rows_in += int(c["rows_in"])
                 m.rows_out += int(c["rows_out"])
                 m.flushes += int(c["flushes"])
@@ -498,7 +501,7 @@ class StreamRunner:
                 m.cache_syncs += int(c.get("cache_syncs", 0))
                 m.checkpoint_bytes += int(c["checkpoint_bytes"])
                 m.checkpoint_seconds = max(m.checkpoint_seconds, float(c["checkpoint_seconds"]))
-                m.per_instance.append({"instance": i["instance"], "start": i["start"], **c})
+                m.per_instance.append(i.batch_metrics_entry())
         return m
 
 

@@ -14,7 +14,7 @@ import pytest
 
 import checkpoint.staging as staging
 from buffering import LocalRunner, cached_state
-from buffering.spark import _task
+from buffering.spark import _workers
 from state import StoreLockedError
 from state.locks import directory_lock
 
@@ -148,7 +148,7 @@ def _stores(directory) -> set[str]:
 def test_stores_of_crashed_spark_attempts_are_swept(tmp_path):
     (tmp_path / "db-crashed").mkdir()
     (tmp_path / "db-current").mkdir()
-    assert _task._sweep_stores(str(tmp_path), keep="db-current") == ["db-crashed"]
+    assert _workers.sweep_stores(str(tmp_path), keep="db-current") == ["db-crashed"]
     assert _stores(tmp_path) == {"db-current"}
 
 
@@ -157,7 +157,7 @@ def test_a_store_an_attempt_still_holds_is_not_swept(tmp_path):
     claim = directory_lock(str(tmp_path / "db-straggler"))
     claim.acquire()
     try:
-        assert _task._sweep_stores(str(tmp_path), keep="db-other") == []
+        assert _workers.sweep_stores(str(tmp_path), keep="db-other") == []
         assert _stores(tmp_path) == {"db-straggler"}
     finally:
         claim.release()
@@ -165,9 +165,9 @@ def test_a_store_an_attempt_still_holds_is_not_swept(tmp_path):
 
 def test_the_store_the_ownership_record_names_is_not_swept(tmp_path):
     (tmp_path / "db-handed-over").mkdir()
-    with open(tmp_path / _task.OWNER_FILE, "w") as f:
+    with open(tmp_path / _workers.OWNER_FILE, "w") as f:
         json.dump({"version": 3, "token": "t", "db": "db-handed-over", "pid": 1}, f)
-    assert _task._sweep_stores(str(tmp_path), keep="db-other") == []
+    assert _workers.sweep_stores(str(tmp_path), keep="db-other") == []
     assert _stores(tmp_path) == {"db-handed-over"}
 
 
@@ -176,6 +176,6 @@ def test_ownership_temp_files_of_dead_processes_are_swept(tmp_path):
     (tmp_path / f".owner-{pid}-abc").write_text("{}")
     (tmp_path / f".claimed-{pid}-abc").write_text("{}")
     (tmp_path / f".owner-{os.getpid()}-abc").write_text("{}")
-    _task._sweep_stores(str(tmp_path), keep="")
+    _workers.sweep_stores(str(tmp_path), keep="")
     assert sorted(os.listdir(tmp_path)) == [f".owner-{os.getpid()}-abc"]
 

@@ -153,3 +153,10 @@ def test_run_batch_through_connect_shows_the_tasks_the_server_reports(connect, i
     assert bar.startswith("run_batch: 100%")
     assert "60 rows" in bar
 
+
+
+
+def test_placement_executor_under_connect_is_a_value_error_before_the_query_starts(connect, input_dir, tmp_path):
+    with pytest.raises(ValueError, match="placement='executor' was asked for, which Spark Connect cannot run"):
+        _run(connect, input_dir, buffering.aggregate({"views": Count()}), tmp_path, placement="executor")
+    assert connect.streams.active == []

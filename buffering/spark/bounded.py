@@ -486,8 +486,8 @@ def _materialize_connect(out: "DataFrame") -> "DataFrame":
     ``SparkSession.registerProgressHandler`` (Connect only) hands the handler the
     stages of every operation of the session while it runs; the handler is
     registered for the count alone. The server reports progress at an interval
-    (``spark.connect.progress.reportInterval``), so a short run may show only
-    its final state.
+    (``spark.connect.progress.reportInterval``, 2 s by default), so a run
+    shorter than that shows no tasks, only its rows at the end.
     """
     from tqdm.auto import tqdm
 

@@ -6,6 +6,7 @@ Layout of a checkpoint location::
     manifests/.tmp-v...-<uuid>     a manifest being committed (never read)
     manifests/set-aside/v0000000009-<uuid>.json   a version set aside by a runner started from an older one
     batches/v0000000008.json       the processing time batch 8 chose before it ran (reused by its retries)
+    metrics/v0000000007.json       what batch 7 did (a runner's batch metrics), written after it committed
     data/v0000000007-<task>-<attempt>.ckpt   task files (one per operator instance, version, attempt)
     data/v0000000007-<task>-<attempt>.kg<lo>-<hi>.t<i>.sst   SST files a task file's snapshots reference
 
@@ -62,12 +63,14 @@ MANIFEST_DIR = "manifests"
 SET_ASIDE_DIR = f"{MANIFEST_DIR}/set-aside"
 DATA_DIR = "data"
 BATCHES_DIR = "batches"
+METRICS_DIR = "metrics"
 #: The environment variable holding the checkpoint key when no ``checkpoint_key=`` is given.
 KEY_ENV = "OPBUFFER_CHECKPOINT_KEY"
 _CHECKSUM = "checksum"
 _SIGNATURE = "signature"
 _SET_ASIDE_RE = re.compile(r"^v(\d{10})-[0-9a-f]+\.json$")
 _BATCH_RE = re.compile(r"^v(\d{10})\.json(?:\.tmp-[0-9a-f]+)?$")
+_METRICS_RE = re.compile(r"^v(\d{10})\.json(?:\.tmp-[0-9a-f]+)?$")
 _MANIFEST_RE = re.compile(r"^v(\d{10})\.json$")
 _TMP_MANIFEST_RE = re.compile(r"^\.tmp-v(\d{10})-[0-9a-f]+\.json$")
 _DATA_RE = re.compile(r"^v(\d{10})-.*\.(?:ckpt|sst)$")
@@ -85,6 +88,10 @@ def manifest_path(version: int) -> str:
 
 def batch_record_path(version: int) -> str:
     return f"{BATCHES_DIR}/v{version:010d}.json"
+
+
+def batch_metrics_path(version: int) -> str:
+    return f"{METRICS_DIR}/v{version:010d}.json"
 
 
 def resolve_key(checkpoint_key: str | bytes | None) -> bytes | None:
@@ -650,6 +657,50 @@ class CheckpointStorage:
     def batch_records(self) -> list[tuple[str, int]]:
         """``(path, version)`` of every processing-time record (and leftover temporary one)."""
         return self._numbered(BATCHES_DIR, _BATCH_RE)
+
+    # ------------------------------------------------------------ batch metrics
+    def write_batch_metrics(self, version: int, metrics: dict[str, Any]) -> None:
+        """Record what batch ``version`` did (JSON-able ``metrics``), replacing an earlier record of it.
+
+        Written by the process that ran the batch, read back by any other that sees
+        this location (under Spark Connect the runner runs in the server's Python and
+        the client reads the metrics here). Sealed like the processing-time records;
+        pruned by retention with them.
+        """
+        if not isinstance(metrics, dict):
+            raise TypeError(f"metrics must be a dict, got {type(metrics).__name__}")
+        body = {"version": _check_version(version), "metrics": metrics}
+        try:
+            data = seal(body, self._key)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"metrics of batch {version} are not JSON: {exc}") from exc
+        self.write_small_file(batch_metrics_path(version), data)
+
+    def read_batch_metrics(self, version: int) -> dict[str, Any] | None:
+        """The metrics :meth:`write_batch_metrics` recorded for batch ``version``, or None when there are none.
+
+        Raises CheckpointCorruptError naming the file when the record is torn or damaged.
+        """
+        rel = batch_metrics_path(_check_version(version))
+        data = self.read_small_file(rel)
+        if data is None:
+            return None
+        what = f"metrics record {rel!r} of batch {version} in {self.location!r}"
+        try:
+            body = unseal(data, self._key, what=what)
+        except CheckpointCorruptError as exc:
+            exc.file = rel
+            raise
+        metrics = body.get("metrics")
+        if body.get("version") != version or not isinstance(metrics, dict):
+            raise CheckpointCorruptError(
+                f"corrupt {what}: expected version {version} and a metrics object, got {body}", file=rel
+            )
+        return metrics
+
+    def batch_metrics_records(self) -> list[tuple[str, int]]:
+        """``(path, version)`` of every batch metrics record (and leftover temporary one), by version."""
+        return self._numbered(METRICS_DIR, _METRICS_RE)
 
     def _numbered(self, directory: str, pattern: "re.Pattern[str]") -> list[tuple[str, int]]:
         """``(path, version)`` of the files of ``directory`` whose name ``pattern`` matches (group 1: the version)."""

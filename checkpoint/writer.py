@@ -569,7 +569,8 @@ def apply_retention(storage: CheckpointStorage | str | os.PathLike[str], retain:
     a manifest with missing files. Files of versions newer than the newest
     committed one (tasks still writing) are never touched; files of failed or
     superseded attempts of older versions are. Processing-time records
-    (``batches/``) of versions older than the oldest kept one go too, and so
+    (``batches/``) and batch metrics records (``metrics/``) of versions older
+    than the oldest kept one go too, and so
     do set-aside manifests of versions below the newest (their numbers can no
     longer be committed; their files are unreferenced). Returns what was deleted.
 
@@ -580,7 +581,7 @@ def apply_retention(storage: CheckpointStorage | str | os.PathLike[str], retain:
         raise ValueError(f"retain must be an int >= 1, got {retain!r}")
     storage = CheckpointStorage.of(storage)
     versions = storage.versions()
-    deleted: dict[str, list] = {"manifests": [], "files": [], "set_aside": [], "batch_records": []}
+    deleted: dict[str, list] = {"manifests": [], "files": [], "set_aside": [], "batch_records": [], "batch_metrics": []}
     if not versions:
         return deleted
     newest = versions[-1]
@@ -608,4 +609,8 @@ def apply_retention(storage: CheckpointStorage | str | os.PathLike[str], retain:
         if v < keep[0]:
             storage.delete(path)
             deleted["batch_records"].append(path)
+    for path, v in storage.batch_metrics_records():
+        if v < keep[0]:
+            storage.delete(path)
+            deleted["batch_metrics"].append(path)
     return deleted

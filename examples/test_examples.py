@@ -175,7 +175,7 @@ def test_open_sessions_and_their_timeouts_survive_a_restart_from_the_checkpoint(
 
 @pytest.mark.spark
 @pytest.mark.slow
-def test_tweet_stats_main_runs_on_spark_and_both_runs_agree(spark, tmp_path):
+def test_tweet_stats_main_runs_on_spark_and_both_runs_agree(spark, tmp_path, capsys):
     import tweet_stats
 
     result = tweet_stats.main(
@@ -186,6 +186,39 @@ def test_tweet_stats_main_runs_on_spark_and_both_runs_agree(spark, tmp_path):
     assert sorted(result["plain_batches"]) == [0, 1]
     if result["chart"] is not None:  # matplotlib is the demo extra
         assert (tmp_path / "tweet_stats.png").stat().st_size > 0
+    # The header names the cache the operator declares, and the chart draws the printed seconds.
+    declared = buffering.spec_of(tweet_stats.TWEET_STATS).state.max_entries
+    assert f"{declared:,}-entry cache" in capsys.readouterr().out
+    assert result["opbuffer_batches"] == {m["batch_id"]: m["seconds"] for m in result["batch_metrics"]}
+
+
+def _metrics_with_starts(batch_id, *starts):
+    from buffering.spark import BatchMetrics
+
+    return BatchMetrics(batch_id=batch_id, per_instance=[{"instance": i, "start": s} for i, s in enumerate(starts)])
+
+
+def test_tweet_stats_says_how_many_instances_started_cold_and_explains_it_once(capsys):
+    from tweet_stats import COLD_INSTANCE, batch_printer
+
+    print_batch = batch_printer()
+    print_batch(_metrics_with_starts(0, "new", "new", "new", "new"))
+    print_batch(_metrics_with_starts(1, "resumed", "adopted", "restored", "resumed"))
+    print_batch(_metrics_with_starts(2, "adopted", "resumed", "resumed", "resumed"))
+    lines = capsys.readouterr().out.splitlines()
+    assert "cold" not in lines[0]
+    assert lines[1].endswith(", 2 of 4 instances cold (1 adopted, 1 restored)")
+    assert lines[2] == f"    ({COLD_INSTANCE})"
+    assert lines[3].endswith(", 1 of 4 instances cold (1 adopted)")
+    assert len(lines) == 4
+
+
+def test_tweet_stats_without_start_fields_prints_no_cold_instances(capsys):
+    from buffering.spark import BatchMetrics
+    from tweet_stats import batch_printer
+
+    batch_printer()(BatchMetrics(batch_id=1, per_instance=[{"instance": 0}, {"instance": 1}]))
+    assert "cold" not in capsys.readouterr().out
 
 
 @pytest.mark.spark

@@ -108,6 +108,20 @@ def output_schema_for(spec: OperatorSpec, output_schema: Optional[Any], input_sc
     return struct_type(output_schema)
 
 
+def is_connect(spark: Any) -> bool:
+    """Whether ``spark`` is a Spark Connect session (``SparkSession.builder.remote("sc://...")``).
+
+    The public check: ``isinstance`` against Connect's own SparkSession class.
+    (``pyspark.sql.utils.is_remote()`` reads a process-wide environment variable,
+    which is wrong in a process that holds a classic and a Connect session.)
+    """
+    try:
+        from pyspark.sql.connect.session import SparkSession as ConnectSession
+    except ImportError:  # Connect's client dependencies (grpcio, ...) are absent: no Connect session exists
+        return False
+    return isinstance(spark, ConnectSession)
+
+
 def ensure_python_workers() -> None:
     """Point PySpark's workers at this interpreter when nothing else is configured (before a session starts)."""
     import os

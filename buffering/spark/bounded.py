@@ -56,7 +56,7 @@ from ..decorators import OperatorSpec, check_operator_key, spec_of
 from ..frames import concat_frames
 from ..protocol import call_function
 from ..buffer import _object_column
-from ._plan import _quoted, key_list, key_types_of, operator_index_sql, output_schema_for
+from ._plan import _quoted, is_connect, key_list, key_types_of, operator_index_sql, output_schema_for
 from ._sql_combine import SqlPartial, sql_exprs, sql_partials
 from ._sql_combine import accumulators as sql_accumulators
 
@@ -320,6 +320,8 @@ def run_batch(
         progress: materialize the result now (persist + count) with a console
             progress bar of the tasks, and return the persisted DataFrame
             (``unpersist()`` it when done); False returns the lazy DataFrame.
+            Under Spark Connect the bar follows the progress the server reports
+            (``SparkSession.registerProgressHandler``).
 
     Contract, per key:
 
@@ -441,7 +443,13 @@ _JOB_PROPERTIES = ("spark.jobGroup.id", "spark.job.description", "spark.job.inte
 
 
 def _materialize(out: "DataFrame", description: str) -> "DataFrame":
-    """Persist ``out`` and count it under a job group while a console bar follows the group's tasks."""
+    """Persist ``out`` and count it under a job group while a console bar follows the group's tasks.
+
+    Under Spark Connect there is no SparkContext on the client: the bar follows the
+    progress the server reports for the count instead (:func:`_materialize_connect`).
+    """
+    if is_connect(out.sparkSession):
+        return _materialize_connect(out)
     from tqdm.auto import tqdm
 
     sc = out.sparkSession.sparkContext
@@ -465,6 +473,49 @@ def _materialize(out: "DataFrame", description: str) -> "DataFrame":
             sc.setLocalProperty(name, value)  # type: ignore[arg-type]  # None removes the property
         if ok:
             _update_bar(sc, group, bar, final=True)
+            bar.set_postfix_str(f"{rows:,} rows")
+        bar.close()
+        if not ok:
+            persisted.unpersist()
+    return persisted
+
+
+def _materialize_connect(out: "DataFrame") -> "DataFrame":
+    """Persist ``out`` and count it while a console bar follows the stages Spark Connect reports.
+
+    ``SparkSession.registerProgressHandler`` (Connect only) hands the handler the
+    stages of every operation of the session while it runs; the handler is
+    registered for the count alone. The server reports progress at an interval
+    (``spark.connect.progress.reportInterval``, 2 s by default), so a run
+    shorter than that shows no tasks, only its rows at the end.
+    """
+    from tqdm.auto import tqdm
+
+    session = out.sparkSession
+    bar = tqdm(total=0, desc="run_batch", unit="task", dynamic_ncols=True)
+    lock = threading.Lock()  # called from the thread that reads the operation's responses
+
+    def follow(stages: Any, inflight_tasks: int, operation_id: Optional[str], done: bool) -> None:
+        stages = list(stages or ())
+        total = sum(int(stage.num_tasks) for stage in stages)
+        finished = sum(min(int(stage.num_completed_tasks), int(stage.num_tasks)) for stage in stages)
+        if done:
+            finished = total  # skipped stages (reused shuffle output) never report completed tasks
+        with lock:
+            if total != bar.total or finished != bar.n:
+                bar.total = total
+                bar.n = finished
+                bar.refresh()
+
+    persisted = out.persist()
+    ok = False
+    session.registerProgressHandler(follow)
+    try:
+        rows = persisted.count()
+        ok = True
+    finally:
+        session.removeProgressHandler(follow)
+        if ok:
             bar.set_postfix_str(f"{rows:,} rows")
         bar.close()
         if not ok:

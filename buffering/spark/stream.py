@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import time
+import uuid
 
 import xxhash
 from dataclasses import dataclass, field
@@ -41,7 +42,7 @@ from ..decorators import check_operator_key, spec_of
 from ..protocol import check_checkpoint_fits, commit_metadata, watermark_for
 from . import _task
 from ._sql_combine import sql_exprs, sql_partials
-from ._plan import key_list, key_types_of, nullable, operator_index_sql, output_schema_for
+from ._plan import is_connect, key_list, key_types_of, nullable, operator_index_sql, output_schema_for
 from ._task import (
     ACCUMULATOR_COLUMN,
     EVENT_TIME_COLUMN,
@@ -113,6 +114,16 @@ class BatchMetrics:
         out["cache_hit_ratio"] = self.cache_hit_ratio
         out["rows_per_second"] = self.rows_per_second
         return out
+
+    def to_record(self) -> dict[str, Any]:
+        """Every field (``per_instance`` too) as JSON-able values: what the checkpoint keeps of a batch."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> "BatchMetrics":
+        """The metrics :meth:`to_record` gave; fields the record lacks keep their defaults, unknown ones are ignored."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in record.items() if k in names})
 
 
 def _parallelism(spark: Any, parallelism: Optional[int], max_parallelism: int) -> int:
@@ -217,6 +228,9 @@ class StreamRunner:
         self.retain = retain
         self.on_batch = on_batch
         self.batches: list[BatchMetrics] = []
+        # Marks the batch metrics records of this query run, so a client that did not run
+        # the batches (Spark Connect: they run in the server's Python) reads back only its own.
+        self.run_id = uuid.uuid4().hex
         self._check_checkpoint(manifest, start_version)
         location = checkpoint_location if isinstance(checkpoint_location, str) else os.fspath(checkpoint_location)
         self.plan = TaskPlan(
@@ -452,6 +466,7 @@ class StreamRunner:
         metrics = self._metrics(version, summaries, time.perf_counter() - started, commit_seconds, committed, context)
         metrics.sink_seconds = sink_seconds
         self.batches.append(metrics)
+        self.storage.write_batch_metrics(version, {RUN_ID_FIELD: self.run_id, **metrics.to_record()})
         logger.info(
             "batch %d: %d rows in, %d out, %.2fs (%.0f rows/s), cache hit ratio %.3f, %d evictions, %d syncs, "
             "%d flushes, checkpoint %d bytes in %.3fs, slowest task %.2fs, sink %.2fs",
@@ -504,27 +519,62 @@ class StreamRunner:
                 m.per_instance.append(i.batch_metrics_entry())
         return m
 
+    def recorded_batches(self) -> list[BatchMetrics]:
+        """The metrics of this run's batches that the checkpoint still holds, by batch id.
 
-def _query_class() -> type:
-    from pyspark.sql.streaming.query import StreamingQuery
+        What the client of a Spark Connect session sees (the batches ran in the
+        server's Python, and so did the appends to :attr:`batches`); retention
+        prunes the records of versions it deletes.
+        """
+        out = []
+        for version in sorted({v for _, v in self.storage.batch_metrics_records()}):  # a leftover temp file names v too
+            record = self.storage.read_batch_metrics(version)
+            if record is not None and record.get(RUN_ID_FIELD) == self.run_id:
+                out.append(BatchMetrics.from_record(record))
+        return out
 
-    class OpbufferQuery(StreamingQuery):
-        """A StreamingQuery that also exposes opbuffer's per-batch metrics."""
 
-        def __init__(self, query: StreamingQuery, runner: StreamRunner) -> None:
-            super().__init__(query._jsq)
-            self.runner = runner
+#: The field of a batch metrics record that names the query run (``StreamRunner.run_id``) that wrote it.
+RUN_ID_FIELD = "run_id"
 
-        @property
-        def batch_metrics(self) -> list[BatchMetrics]:
-            """Every batch this query ran, in order."""
-            return list(self.runner.batches)
 
-        @property
-        def last_batch_metrics(self) -> Optional[BatchMetrics]:
-            return self.runner.batches[-1] if self.runner.batches else None
+class OpbufferQuery:
+    """The started query (every attribute and method of Spark's StreamingQuery) plus opbuffer's batch metrics.
 
-    return OpbufferQuery
+    A wrapper rather than a subclass: classic and Spark Connect have different
+    StreamingQuery classes, built from different private handles.
+    """
+
+    def __init__(self, query: Any, runner: StreamRunner, *, connect: bool) -> None:
+        #: Spark's own StreamingQuery (classic or Connect).
+        self.query = query
+        self.runner = runner
+        self._connect = connect
+
+    def __getattr__(self, name: str) -> Any:
+        # Only names this class lacks: Spark's query answers them (id, awaitTermination, stop, ...).
+        if name in ("query", "runner", "_connect"):  # not yet set (unpickling, copy): no recursion
+            raise AttributeError(name)
+        return getattr(self.query, name)
+
+    def __repr__(self) -> str:
+        return f"OpbufferQuery({self.query!r})"
+
+    @property
+    def batch_metrics(self) -> list[BatchMetrics]:
+        """Every batch this query ran, in order.
+
+        Under Spark Connect the batches run in the server's Python: their metrics are
+        read back from the checkpoint (the records of versions that retention kept).
+        """
+        if self._connect:
+            return self.runner.recorded_batches()
+        return list(self.runner.batches)
+
+    @property
+    def last_batch_metrics(self) -> Optional[BatchMetrics]:
+        batches = self.batch_metrics
+        return batches[-1] if batches else None
 
 
 def _spark_checkpoint(checkpoint_location: Any, spark_checkpoint_location: Optional[str]) -> str:
@@ -585,6 +635,29 @@ def _new_placement(spark: Any) -> str:
     """Where a new checkpoint's tasks run: pinned to executors on a cluster, anywhere in local mode."""
     master = str(spark.conf.get("spark.master", "") or "")
     return "batch" if master.startswith("local") else "executor"
+
+
+def _connect_placement_error(why: str) -> ValueError:
+    return ValueError(
+        f"{why}, which Spark Connect cannot run: its tasks read the micro-batch id from Spark's task-local "
+        "property 'streaming.sql.batchId', and Connect runs the foreachBatch function's jobs from the server's "
+        "Python on another thread, without it; use placement='batch' (a checkpoint started with 'executor' "
+        "keeps it: run it from a classic SparkSession)"
+    )
+
+
+def _check_connect_location(checkpoint_location: Any) -> None:
+    """Under Spark Connect a relative checkpoint path would name two places: refuse it."""
+    if isinstance(checkpoint_location, CheckpointStorage):
+        return
+    location = os.fspath(checkpoint_location)
+    if "://" in location or location.startswith("~") or os.path.isabs(location):
+        return
+    raise ValueError(
+        f"checkpoint_location {location!r} is a relative path: under Spark Connect the client checks the "
+        "checkpoint and reads the batch metrics relative to its own working directory, and the server's tasks "
+        "relative to theirs; give an absolute path (on storage both see) or a URL"
+    )
 
 
 MEMORY_BUDGET_CONF = "spark.opbuffer.memoryBudget"
@@ -661,7 +734,8 @@ def run_stream(
         retain: committed versions kept (older files are deleted).
         storage_options: fsspec options of a URL ``checkpoint_location``, one mapping (for
             s3fs e.g. ``{"client_kwargs": {"endpoint_url": ...}}``); the tasks get the same.
-        on_batch: called on the driver with each batch's :class:`BatchMetrics`.
+        on_batch: called on the driver with each batch's :class:`BatchMetrics`. Not under
+            Spark Connect (ValueError): there the batches run in the server's Python.
         memory_budget: bytes that the state caches of all operator instances of one
             Spark Python worker hold together (one CacheManager per worker process);
             default: the Spark conf ``spark.opbuffer.memoryBudget`` (bytes, or with a
@@ -691,9 +765,17 @@ def run_stream(
             as Spark's own checkpoint holds the plan. With ``"executor"`` and a new
             Spark checkpoint, the query's shuffle partitions are set to
             ``parallelism`` (Spark keeps them with its checkpoint, for the sink's
-            operations too).
+            operations too). Under Spark Connect only ``"batch"`` runs (the default
+            there; ``"executor"`` is a ValueError).
 
-    The returned query also has ``batch_metrics`` and ``last_batch_metrics``.
+    The returned query is Spark's StreamingQuery (wrapped: :class:`OpbufferQuery`) and also has
+    ``batch_metrics`` and ``last_batch_metrics``.
+
+    Under Spark Connect (``SparkSession.builder.remote(...)``) the foreachBatch function,
+    and with it every batch, the sink callable and the batch metrics, runs in the Connect
+    server's Python; the client reads the metrics back from the checkpoint
+    (``CheckpointStorage.read_batch_metrics``), so ``checkpoint_location`` must name the same
+    storage for the client and the server. ``on_batch`` is refused there (see above).
     """
     if not getattr(df, "isStreaming", False):
         raise ValueError("run_stream needs a streaming DataFrame (spark.readStream...); use run_batch for a batch DataFrame")
@@ -701,6 +783,18 @@ def run_stream(
         if not isinstance(trigger, Mapping) or len(trigger) != 1 or next(iter(trigger)) not in _TRIGGERS:
             raise ValueError(f"trigger must be one of {{'processingTime': '5 seconds'}}, {{'availableNow': True}}, {{'once': True}}, got {trigger!r}")
     spark = df.sparkSession
+    connect = is_connect(spark)
+    if connect and on_batch is not None:
+        raise ValueError(
+            f"on_batch={on_batch!r} cannot run under Spark Connect: the foreachBatch function, and so each "
+            "batch's metrics, run in the Connect server's Python process, where a callback's effects are "
+            "out of this client's sight; read query.batch_metrics / query.last_batch_metrics instead "
+            "(read back from the checkpoint), or pass on_batch with a classic SparkSession"
+        )
+    if connect:
+        _check_connect_location(checkpoint_location)
+        if placement == "executor":
+            raise _connect_placement_error("placement='executor' was asked for")
     if memory_budget is None:
         memory_budget = _memory_budget_conf(spark.conf.get(MEMORY_BUDGET_CONF, None))
     runner = StreamRunner(
@@ -725,8 +819,11 @@ def run_stream(
         memory_budget=memory_budget,
         state_schema=state_schema,
         placement=placement,
-        new_placement=_new_placement(spark) if placement is None else placement,
+        # Under Connect a new checkpoint takes the one placement that runs there.
+        new_placement=("batch" if connect else _new_placement(spark)) if placement is None else placement,
     )
+    if connect and runner.placement == "executor":
+        raise _connect_placement_error(f"checkpoint {runner.storage!r} was started with placement='executor'")
     spark_checkpoint = _spark_checkpoint(checkpoint_location, spark_checkpoint_location)
     stream, partitions = df, None
     if runner.placement == "executor":
@@ -742,11 +839,11 @@ def run_stream(
     if query_name is not None:
         writer = writer.queryName(query_name)
     if partitions is None:
-        return _query_class()(writer.start(), runner)
+        return OpbufferQuery(writer.start(), runner, connect=connect)
     before = spark.conf.get("spark.sql.shuffle.partitions")
     spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
     try:  # the query copies the session's conf when it starts
         query = writer.start()
     finally:
         spark.conf.set("spark.sql.shuffle.partitions", before)
-    return _query_class()(query, runner)
+    return OpbufferQuery(query, runner, connect=connect)

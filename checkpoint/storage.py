@@ -86,6 +86,10 @@ def manifest_path(version: int) -> str:
     return f"{MANIFEST_DIR}/v{version:010d}.json"
 
 
+#: The batch running now (see CheckpointStorage.record_running_batch); not a numbered record.
+RUNNING_BATCH_PATH = f"{BATCHES_DIR}/running.json"
+
+
 def batch_record_path(version: int) -> str:
     return f"{BATCHES_DIR}/v{version:010d}.json"
 
@@ -653,6 +657,35 @@ class CheckpointStorage:
             raise ValueError(f"{sorted(reserved)} are set by record_processing_time itself")
         body = {"version": _check_version(version), "processing_time_ms": processing_time_ms, **decisions}
         self.write_small_file(batch_record_path(version), seal(body, self._key))
+
+    def record_running_batch(self, version: int) -> None:
+        """Record that batch ``version`` is the one running now (before its tasks start).
+
+        For tasks that cannot learn their micro-batch from Spark (jobs that Spark
+        Connect's foreachBatch starts carry no ``streaming.sql.batchId``): one
+        batch runs at a time, and the driver records it before any task starts.
+        """
+        body = {"version": _check_version(version), "running": True}
+        self.write_small_file(RUNNING_BATCH_PATH, seal(body, self._key))
+
+    def running_batch(self) -> int | None:
+        """The version :meth:`record_running_batch` recorded last, None if none.
+
+        Raises CheckpointCorruptError naming the file when the record is torn or damaged.
+        """
+        data = self.read_small_file(RUNNING_BATCH_PATH)
+        if data is None:
+            return None
+        what = f"running-batch record {RUNNING_BATCH_PATH!r} in {self.location!r}"
+        try:
+            body = unseal(data, self._key, what=what)
+        except CheckpointCorruptError as exc:
+            exc.file = RUNNING_BATCH_PATH
+            raise
+        version = body.get("version")
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise CheckpointCorruptError(f"corrupt {what}: expected an int version >= 0, got {body}", file=RUNNING_BATCH_PATH)
+        return version
 
     def batch_records(self) -> list[tuple[str, int]]:
         """``(path, version)`` of every processing-time record (and leftover temporary one)."""

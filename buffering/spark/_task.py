@@ -218,7 +218,8 @@ def combine_and_tag(plan: TaskPlan, host_keys: tuple[int, ...], batches: Iterato
     """
     from pyspark import TaskContext
 
-    context = recorded_context(_storage(plan), streaming_batch_id())
+    storage = _storage(plan)
+    context = recorded_context(storage, streaming_batch_id(storage))
     keys = np.asarray(host_keys, dtype=np.int64)
     for frame in combine_partition(plan, context, batches):
         groups = np.fromiter(
@@ -408,15 +409,25 @@ def _run_task(
 
 
 # ---------------------------------------------------------------- hosted in Spark's stateful operator
-def streaming_batch_id() -> int:
-    """The micro-batch this task belongs to (Spark sets it as a local property of every task)."""
+def streaming_batch_id(storage: CheckpointStorage) -> int:
+    """The micro-batch this task belongs to.
+
+    Spark sets it as a task-local property in the query's own jobs; the jobs
+    that Spark Connect's foreachBatch starts run on another thread without it,
+    and read the batch the driver recorded as running instead.
+    """
     from pyspark import TaskContext
 
     context = TaskContext.get()
     value = context.getLocalProperty("streaming.sql.batchId") if context is not None else None
-    if value is None:
-        raise RuntimeError("not inside a streaming micro-batch task: no 'streaming.sql.batchId' local property")
-    return int(value)
+    if value is not None:
+        return int(value)
+    running = storage.running_batch()
+    if running is None:
+        raise RuntimeError(
+            f"no micro-batch id: no 'streaming.sql.batchId' task property and no running batch recorded in {storage!r}"
+        )
+    return running
 
 
 def recorded_context(storage: CheckpointStorage, version: int) -> BatchContext:
@@ -500,8 +511,8 @@ def host_instance(
     (a column with a null of its own stays as Spark hands it).
     """
     index = host_keys.index(int(key[0]))
-    version = streaming_batch_id()
-    context = recorded_context(_storage(plan), version)
+    storage = _storage(plan)
+    context = recorded_context(storage, streaming_batch_id(storage))
 
     def rows() -> Iterator[pd.DataFrame]:
         for frame in frames:

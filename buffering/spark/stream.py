@@ -413,7 +413,8 @@ class StreamRunner:
                 previous_version=context.previous_version,
                 watermark_ms=context.watermark_ms,
             )
-            out = batch_df  # the operator instances already ran in the streaming plan
+            self.storage.record_running_batch(version)  # for tasks without Spark's batch id (Connect)
+            out = batch_df  # the operator instances run in the streaming plan when the batch is evaluated
         else:
             out = self.plan_batch(batch_df, context)
         if task_sink is None:  # the tasks write the rows and yield only reports
@@ -637,15 +638,6 @@ def _new_placement(spark: Any) -> str:
     return "batch" if master.startswith("local") else "executor"
 
 
-def _connect_placement_error(why: str) -> ValueError:
-    return ValueError(
-        f"{why}, which Spark Connect cannot run: its tasks read the micro-batch id from Spark's task-local "
-        "property 'streaming.sql.batchId', and Connect runs the foreachBatch function's jobs from the server's "
-        "Python on another thread, without it; use placement='batch' (a checkpoint started with 'executor' "
-        "keeps it: run it from a classic SparkSession)"
-    )
-
-
 def _check_connect_location(checkpoint_location: Any) -> None:
     """Under Spark Connect a relative checkpoint path would name two places: refuse it."""
     if isinstance(checkpoint_location, CheckpointStorage):
@@ -765,8 +757,9 @@ def run_stream(
             as Spark's own checkpoint holds the plan. With ``"executor"`` and a new
             Spark checkpoint, the query's shuffle partitions are set to
             ``parallelism`` (Spark keeps them with its checkpoint, for the sink's
-            operations too). Under Spark Connect only ``"batch"`` runs (the default
-            there; ``"executor"`` is a ValueError).
+            operations too). Under Spark Connect the jobs foreachBatch starts carry
+            no micro-batch id, so the hosted tasks read the batch the driver records
+            as running (``CheckpointStorage.record_running_batch``).
 
     The returned query is Spark's StreamingQuery (wrapped: :class:`OpbufferQuery`) and also has
     ``batch_metrics`` and ``last_batch_metrics``.
@@ -793,8 +786,6 @@ def run_stream(
         )
     if connect:
         _check_connect_location(checkpoint_location)
-        if placement == "executor":
-            raise _connect_placement_error("placement='executor' was asked for")
     if memory_budget is None:
         memory_budget = _memory_budget_conf(spark.conf.get(MEMORY_BUDGET_CONF, None))
     runner = StreamRunner(
@@ -819,11 +810,8 @@ def run_stream(
         memory_budget=memory_budget,
         state_schema=state_schema,
         placement=placement,
-        # Under Connect a new checkpoint takes the one placement that runs there.
-        new_placement=("batch" if connect else _new_placement(spark)) if placement is None else placement,
+        new_placement=_new_placement(spark) if placement is None else placement,
     )
-    if connect and runner.placement == "executor":
-        raise _connect_placement_error(f"checkpoint {runner.storage!r} was started with placement='executor'")
     spark_checkpoint = _spark_checkpoint(checkpoint_location, spark_checkpoint_location)
     stream, partitions = df, None
     if runner.placement == "executor":

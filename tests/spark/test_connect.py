@@ -156,7 +156,8 @@ def test_run_batch_through_connect_shows_the_tasks_the_server_reports(connect, i
 
 
 
-def test_placement_executor_under_connect_is_a_value_error_before_the_query_starts(connect, input_dir, tmp_path):
-    with pytest.raises(ValueError, match="placement='executor' was asked for, which Spark Connect cannot run"):
-        _run(connect, input_dir, buffering.aggregate({"views": Count()}), tmp_path, placement="executor")
-    assert connect.streams.active == []
+@pytest.mark.parametrize("placement", ["batch", "executor"])
+def test_both_placements_through_connect_emit_each_batchs_running_counts(connect, input_dir, tmp_path, placement):
+    query = _run(connect, input_dir, buffering.aggregate({"views": Count()}), tmp_path, placement=placement)
+    pd.testing.assert_frame_equal(_sink_rows(str(tmp_path / "out"), ["tweet", "views"]), _cumulative_views(), check_dtype=False)
+    assert [m.batch_id for m in query.batch_metrics] == [0, 1, 2]

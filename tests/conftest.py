@@ -101,3 +101,14 @@ def s3_location(s3_server, request) -> str:
 def s3_options(s3_server) -> dict:
     """The s3fs storage options of the test session's S3 server (a fresh dict per test)."""
     return s3_server.storage_options
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run the Spark Connect tests before any test that starts the classic SparkSession.
+
+    PySpark refuses a remote session while a regular one runs in the process
+    (SESSION_ALREADY_EXIST), and the classic session is shared by the whole
+    test session; the other way round works (the ``connect`` fixture switches
+    Connect mode on for each of its tests only).
+    """
+    items.sort(key=lambda item: 0 if "connect" in getattr(item, "fixturenames", ()) else 1)

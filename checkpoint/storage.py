@@ -611,6 +611,17 @@ class CheckpointStorage:
         return out
 
     # ------------------------------------------------------------ batch records
+    def _read_sealed(self, rel: str, what: str) -> dict[str, Any] | None:
+        """The body of the sealed small file ``rel``, None when it is absent; errors name the file."""
+        data = self.read_small_file(rel)
+        if data is None:
+            return None
+        try:
+            return unseal(data, self._key, what=what)
+        except CheckpointCorruptError as exc:
+            exc.file = rel
+            raise
+
     def batch_record(self, version: int) -> dict[str, Any] | None:
         """What the driver recorded for batch ``version`` before it ran, or None when it has not run.
 
@@ -620,15 +631,10 @@ class CheckpointStorage:
         Raises CheckpointCorruptError naming the file when the record is torn or damaged.
         """
         rel = batch_record_path(_check_version(version))
-        data = self.read_small_file(rel)
-        if data is None:
-            return None
         what = f"processing-time record {rel!r} of batch {version} in {self.location!r}"
-        try:
-            body = unseal(data, self._key, what=what)
-        except CheckpointCorruptError as exc:
-            exc.file = rel
-            raise
+        body = self._read_sealed(rel, what)
+        if body is None:
+            return None
         ms = body.get("processing_time_ms")
         if body.get("version") != version or isinstance(ms, bool) or not isinstance(ms, int):
             raise CheckpointCorruptError(
@@ -673,15 +679,10 @@ class CheckpointStorage:
 
         Raises CheckpointCorruptError naming the file when the record is torn or damaged.
         """
-        data = self.read_small_file(RUNNING_BATCH_PATH)
-        if data is None:
-            return None
         what = f"running-batch record {RUNNING_BATCH_PATH!r} in {self.location!r}"
-        try:
-            body = unseal(data, self._key, what=what)
-        except CheckpointCorruptError as exc:
-            exc.file = RUNNING_BATCH_PATH
-            raise
+        body = self._read_sealed(RUNNING_BATCH_PATH, what)
+        if body is None:
+            return None
         version = body.get("version")
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise CheckpointCorruptError(f"corrupt {what}: expected an int version >= 0, got {body}", file=RUNNING_BATCH_PATH)
@@ -715,15 +716,10 @@ class CheckpointStorage:
         Raises CheckpointCorruptError naming the file when the record is torn or damaged.
         """
         rel = batch_metrics_path(_check_version(version))
-        data = self.read_small_file(rel)
-        if data is None:
-            return None
         what = f"metrics record {rel!r} of batch {version} in {self.location!r}"
-        try:
-            body = unseal(data, self._key, what=what)
-        except CheckpointCorruptError as exc:
-            exc.file = rel
-            raise
+        body = self._read_sealed(rel, what)
+        if body is None:
+            return None
         metrics = body.get("metrics")
         if body.get("version") != version or not isinstance(metrics, dict):
             raise CheckpointCorruptError(

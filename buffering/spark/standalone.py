@@ -170,7 +170,7 @@ class StandaloneCluster:
     def kill_worker(self, index: int) -> None:
         """SIGKILL worker ``index`` and its executor (its whole process group), as a lost machine."""
         worker = self.worker_list[index]
-        _kill_group(worker.process)
+        kill_process_group(worker.process)
 
     def stop(self) -> None:
         """Stop every worker, then the master (SIGTERM, then SIGKILL after 10 s)."""
@@ -186,7 +186,8 @@ class StandaloneCluster:
         self.stop()
 
 
-def _kill_group(process: subprocess.Popen) -> None:
+def kill_process_group(process: subprocess.Popen) -> None:
+    """SIGKILL ``process``'s whole process group (it was started in a session of its own) and reap it."""
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except ProcessLookupError:
@@ -203,4 +204,4 @@ def _stop_group(process: subprocess.Popen) -> None:
     except ProcessLookupError:
         return
     except subprocess.TimeoutExpired:
-        _kill_group(process)
+        kill_process_group(process)

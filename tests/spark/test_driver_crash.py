@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ import time
 import pandas as pd
 import pytest
 
+from buffering.spark.standalone import kill_process_group
 from checkpoint import read_state
 
 from .helpers import all_rows, latest_per_key, reference_apply_in_pandas_with_state, views, write_batches
@@ -44,14 +44,6 @@ def _start(input_dir: str, checkpoint: str, sink: str) -> subprocess.Popen:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
-
-
-def _kill_group(process: subprocess.Popen) -> None:
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    process.wait()
 
 
 class _State:
@@ -139,7 +131,7 @@ def test_driver_killed_at_random_points_restarts_to_the_reference_result(spark, 
                 while time.monotonic() < deadline and process.poll() is None:
                     time.sleep(0.1)
                 if process.poll() is None:
-                    _kill_group(process)
+                    kill_process_group(process)
                     kills += 1
                     continue
             _, err = process.communicate(timeout=600)

@@ -64,6 +64,23 @@ class _State:
         self.store[self.key] = value
 
 
+def _killed_within(process: subprocess.Popen, seconds: float) -> bool:
+    """SIGKILL the job's process group after ``seconds`` unless it finished first; whether it was killed."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.05)
+    if process.poll() is not None:
+        process.communicate()
+        return False
+    kill_process_group(process)
+    return True
+
+
+def _finish(process: subprocess.Popen) -> None:
+    _, err = process.communicate(timeout=600)
+    assert process.returncode == 0, err.decode()[-3000:]
+
+
 def _batches_spark_ran(spark_checkpoint: str) -> list[list[str]]:
     """The input files of each micro-batch, from Spark's offsets log and its file source's log."""
     def lines(path: str) -> list[str]:
@@ -120,22 +137,29 @@ def test_driver_killed_at_random_points_restarts_to_the_reference_result(spark, 
     )
     expected = all_rows(reference, ["tweet"])
     rng = random.Random(20261121)
+    # Kill points are drawn over the job's own length on this machine: a fixed window would
+    # let a fast run finish before its kill, and then the trial tests nothing.
+    started = time.monotonic()
+    _finish(_start(input_dir, str(tmp_path / "timed-ck"), str(tmp_path / "timed-sink")))
+    window = 0.9 * (time.monotonic() - started)
     kills = 0
     for trial in range(TRIALS):
-        checkpoint, sink = str(tmp_path / f"ck{trial}"), str(tmp_path / f"sink{trial}")
-        # The first run always dies; a restart dies again with probability 1/4.
-        for attempt in range(4):
+        # The first run always dies (a run that finished before its kill is dropped and the
+        # trial starts again with a kill drawn from the first half of the window).
+        for fresh in range(4):
+            checkpoint, sink = str(tmp_path / f"ck{trial}-{fresh}"), str(tmp_path / f"sink{trial}-{fresh}")
+            if _killed_within(_start(input_dir, checkpoint, sink), rng.uniform(1.0, window / 2**fresh)):
+                break
+        else:
+            pytest.fail(f"the job finished before each of 4 kills drawn within {window:.1f} s")
+        kills += 1
+        # Each restart dies again with probability 1/4, at most twice.
+        for attempt in range(3):
             process = _start(input_dir, checkpoint, sink)
-            if attempt == 0 or (attempt < 3 and rng.random() < 0.25):
-                deadline = time.monotonic() + rng.uniform(5.0, 20.0)
-                while time.monotonic() < deadline and process.poll() is None:
-                    time.sleep(0.1)
-                if process.poll() is None:
-                    kill_process_group(process)
-                    kills += 1
-                    continue
-            _, err = process.communicate(timeout=600)
-            assert process.returncode == 0, err.decode()[-3000:]
+            if attempt < 2 and rng.random() < 0.25 and _killed_within(process, rng.uniform(1.0, window)):
+                kills += 1
+                continue
+            _finish(process)
             break
         written = spark.read.option("basePath", sink).parquet(f"{sink}/batch_id=*").toPandas()
         ours = all_rows([(int(b), g.drop(columns="batch_id")) for b, g in written.groupby("batch_id")], ["tweet"])
@@ -146,4 +170,3 @@ def test_driver_killed_at_random_points_restarts_to_the_reference_result(spark, 
             pd.testing.assert_frame_equal(ours, all_rows(_expected(batches), ["tweet"]), check_dtype=False)
         state = read_state(checkpoint).sort_values("tweet").reset_index(drop=True)
         assert [s[0] for s in state["state"]] == latest_per_key(reference, ["tweet"])["views"].tolist()
-    assert kills >= TRIALS

@@ -23,13 +23,14 @@ import pandas as pd
 
 from checkpoint import CheckpointStorage, TaskReport
 from state.group_state import NO_TIMESTAMP, GroupStateTimeout
-from state.keygroups import key_group_from_hash, operator_indexes
-from state.keys import normalize_key, spark_hash
+from state.keygroups import operator_indexes
+from state.keys import normalize_key
 from state.state_schema import StateSchema
 
 from ..buffer import factorize_keys
 from ..decorators import OperatorSpec
 from ..frames import concat_frames
+from ..local import key_groups_of
 from ..operator import OperatorInstance
 from .. import protocol
 from ..protocol import event_time_ms
@@ -222,11 +223,7 @@ def combine_and_tag(plan: TaskPlan, host_keys: tuple[int, ...], batches: Iterato
     context = recorded_context(storage, streaming_batch_id(storage))
     keys = np.asarray(host_keys, dtype=np.int64)
     for frame in combine_partition(plan, context, batches):
-        groups = np.fromiter(
-            (key_group_from_hash(spark_hash(k, plan.key_types), plan.max_parallelism) for k in _normalized_keys(frame, plan.key_columns)),
-            dtype=np.int64,
-            count=len(frame),
-        )
+        groups = key_groups_of(frame, plan.key_columns, plan.key_types, plan.max_parallelism)
         ops = operator_indexes(groups, plan.parallelism, plan.max_parallelism)
         yield frame.assign(**{OPERATOR_COLUMN: ops.astype(np.int32), HOST_COLUMN: keys[ops], HEARTBEAT_COLUMN: False})
     task = TaskContext.get()

@@ -300,13 +300,17 @@ class StreamRunner:
         )
 
     # ------------------------------------------------------------ one batch
-    def _processing_time(self, version: int) -> int:
-        """Chosen once per batch and recorded before it runs, so a re-run makes the same decisions."""
+    def _processing_time(self, version: int, **decisions: Any) -> int:
+        """Chosen once per batch and recorded before it runs, so a re-run makes the same decisions.
+
+        ``decisions``: more of the batch's context to record with it (rewritten on
+        every run of the batch, with the processing time of the first).
+        """
         recorded = self.storage.processing_time(version)
-        if recorded is not None:
+        if recorded is not None and not decisions:
             return recorded
-        now = int(time.time() * 1000)
-        self.storage.record_processing_time(version, now)
+        now = recorded if recorded is not None else int(time.time() * 1000)
+        self.storage.record_processing_time(version, now, **decisions)
         return now
 
     def context(self, version: int) -> tuple[BatchContext, int]:
@@ -316,7 +320,9 @@ class StreamRunner:
         if previous is not None:
             max_event = int(self.storage.read_manifest(previous).metadata.get("max_event_time_ms", NO_TIMESTAMP))
         watermark = watermark_for(max_event, self.watermark_delay_ms, self.event_time is not None)
-        return BatchContext(version, previous, self._processing_time(version), watermark), max_event
+        # Hosted tasks get no closure per batch: they read what they must decide alike from the record.
+        decisions = {"previous_version": previous, "watermark_ms": watermark} if self.placement == "executor" else {}
+        return BatchContext(version, previous, self._processing_time(version, **decisions), watermark), max_event
 
     def hosted_stream(self, df: Any, host_keys: Sequence[int]) -> Any:
         """placement="executor": the streaming DataFrame whose micro-batches run the operator instances.
@@ -406,13 +412,6 @@ class StreamRunner:
         if task_sink is not None:
             task_sink.prepare(version)  # a re-run of this batch id replaces what the earlier run wrote
         if self.placement == "executor":
-            # The hosted tasks read what they must decide alike from this record.
-            self.storage.record_processing_time(
-                version,
-                context.processing_time_ms,
-                previous_version=context.previous_version,
-                watermark_ms=context.watermark_ms,
-            )
             self.storage.record_running_batch(version)  # for tasks without Spark's batch id (Connect)
             out = batch_df  # the operator instances run in the streaming plan when the batch is evaluated
         else:
@@ -604,11 +603,11 @@ def host_keys(spark: Any, parallelism: int, partitions: int) -> tuple[int, ...]:
     n = 64 * max(parallelism, partitions)
     rows = spark.range(0, n).select("id", F.pmod(F.hash("id"), F.lit(partitions)).alias("p")).collect()
     by_partition: dict[int, list[int]] = {}
-    for row in rows:
-        by_partition.setdefault(int(row[1]), []).append(int(row[0]))
+    for key, partition in sorted((int(row[0]), int(row[1])) for row in rows):
+        by_partition.setdefault(partition, []).append(key)
     keys = []
     for i in range(parallelism):
-        candidates = sorted(by_partition.get(i % partitions, []))
+        candidates = by_partition.get(i % partitions, [])
         if len(candidates) < need:
             raise RuntimeError(f"no {need} keys of partition {i % partitions} among ids 0..{n - 1}")
         keys.append(candidates[i // partitions])

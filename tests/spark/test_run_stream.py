@@ -228,6 +228,37 @@ def test_rescale_2_to_5_to_3_gives_identical_results(spark, input_dir, stats_ref
     assert [s[0] for s in state["state"]] == latest_per_key(stats_reference, ["tweet"])["views"].tolist()
 
 
+def test_a_batch_whose_running_record_cannot_be_written_commits_nothing_and_a_restart_completes_it(
+    spark, input_dir, stats_reference, tmp_path, monkeypatch
+):
+    from checkpoint import CheckpointStorage
+
+    record = CheckpointStorage.record_running_batch
+    failed: list[int] = []
+
+    def fails_once_at_batch_1(self, version):
+        if version == 1 and not failed:
+            failed.append(version)
+            raise OSError("injected: the running-batch record cannot be written")
+        return record(self, version)
+
+    monkeypatch.setattr(CheckpointStorage, "record_running_batch", fails_once_at_batch_1)
+    decorated = buffering.cached_state(max_entries=16, store="rocksdb")(tweet_stats)
+    checkpoint, out = str(tmp_path / "ck"), []
+
+    def start():
+        return run_stream(
+            stream_of(spark, input_dir, SCHEMA), decorated, key="tweet", output_schema=STATS_SCHEMA,
+            checkpoint_location=checkpoint, sink=collect_sink(out), trigger={"availableNow": True}, placement="executor",
+        )
+
+    with pytest.raises(Exception, match="running-batch record cannot be written"):
+        start().awaitTermination()
+    assert failed == [1] and CheckpointStorage(checkpoint, create=False).versions() == [0]
+    start().awaitTermination()
+    pd.testing.assert_frame_equal(all_rows(out, ["tweet"]), all_rows(stats_reference, ["tweet"]))
+
+
 @pytest.mark.parametrize("placement", ["batch", "executor"])
 def test_rerun_of_a_batch_committed_before_a_crash_keeps_its_manifest_and_sink_output(spark, input_dir, stats_reference, tmp_path, placement):
     checkpoint = str(tmp_path / "ck")

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,13 +21,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from buffering.spark.standalone import free_port, stop_process_group
+
 BUCKET = "opbuffer-tests"
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _moto_server() -> str:
@@ -65,19 +59,7 @@ class S3Server:
         if self._stopped:
             return
         self._stopped = True
-        pid = self.process.pid
-        try:
-            os.killpg(pid, signal.SIGTERM)  # its own group (start_new_session): moto's reloader children too
-        except ProcessLookupError:
-            pass
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.process.wait(timeout=10)
+        stop_process_group(self.process)  # its own group (start_new_session): moto's reloader children too
         try:
             os.remove(self.log_path)
         except OSError:
@@ -97,7 +79,7 @@ def start_s3_server(bucket: str = BUCKET, timeout: float = 30.0) -> S3Server:
 
     Raises RuntimeError (with the server's log) when it does not answer within ``timeout`` seconds.
     """
-    port = _free_port()
+    port = free_port()
     fd, log_path = tempfile.mkstemp(prefix="moto-server-", suffix=".log")
     with os.fdopen(fd, "wb") as log:
         process = subprocess.Popen(

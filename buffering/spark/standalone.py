@@ -175,9 +175,9 @@ class StandaloneCluster:
     def stop(self) -> None:
         """Stop every worker, then the master (SIGTERM, then SIGKILL after 10 s)."""
         for worker in self.worker_list:
-            _stop_group(worker.process)
+            stop_process_group(worker.process)
         if self.master is not None:
-            _stop_group(self.master)
+            stop_process_group(self.master)
 
     def __enter__(self) -> "StandaloneCluster":
         return self.start()
@@ -195,13 +195,18 @@ def kill_process_group(process: subprocess.Popen) -> None:
     process.wait()
 
 
-def _stop_group(process: subprocess.Popen) -> None:
-    if process.poll() is not None:
-        return
+def stop_process_group(process: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """Stop ``process``'s whole process group: SIGTERM, then SIGKILL after ``grace_s`` seconds.
+
+    The process must lead its own group (started with ``start_new_session=True``).
+    Whatever it forked that is still in the group afterwards (a JVM's Python
+    workers) is killed too. Safe to call on a process that already exited.
+    """
     try:
         os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=10)
+        process.wait(timeout=grace_s)
     except ProcessLookupError:
-        return
+        pass
     except subprocess.TimeoutExpired:
-        kill_process_group(process)
+        pass
+    kill_process_group(process)

@@ -10,7 +10,6 @@ workers.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -18,15 +17,11 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
+from buffering.spark.standalone import free_port, stop_process_group
+
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 #: The repository root: the server's Python workers import opbuffer from here (this checkout's code).
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _listening(port: int) -> bool:
@@ -101,23 +96,4 @@ def connect_server(log_path: str, start_timeout_s: float = 180.0) -> Iterator[st
             time.sleep(0.5)
         yield f"sc://127.0.0.1:{port}"
     finally:
-        _stop(process)
-
-
-def _stop(process: "subprocess.Popen[bytes]", grace_s: float = 30.0) -> None:
-    """Stop the server's process group (its pid is the group's id): SIGTERM, then SIGKILL after ``grace_s``."""
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            process.wait(timeout=wait_s)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    # Workers the JVM forked stay in the group after it exited: end them too.
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+        stop_process_group(process, grace_s=30.0)

@@ -40,6 +40,15 @@ def views(n_batches: int, rows: int, tweets: int, users: int, seed: int = 7) -> 
     return out
 
 
+def count_views(key, rows, state):
+    """Views per tweet so far, kept in the state (an applyInPandasWithState function)."""
+    views_ = state.get[0] if state.exists else 0
+    for pdf in rows:
+        views_ += len(pdf)
+    state.update((views_,))
+    yield pd.DataFrame({"tweet": [key[0]], "views": [views_]})
+
+
 def stream_of(spark: Any, directory: str, schema: str, files_per_trigger: int = 1) -> Any:
     return spark.readStream.schema(schema).option("maxFilesPerTrigger", files_per_trigger).parquet(directory)
 

@@ -13,7 +13,7 @@ from buffering.spark import run_stream
 from checkpoint import KEY_ENV, CheckpointCorruptError, CheckpointStorage, read_state
 from checkpoint.storage import manifest_path
 
-from .helpers import collect_sink, stream_of, views, write_batches
+from .helpers import collect_sink, count_views, stream_of, views, write_batches
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -21,15 +21,7 @@ SCHEMA = "tweet long, user long, ts long"
 KEY = "the stream's key"
 
 
-def counting(key, rows, state):
-    n = state.get[0] if state.exists else 0
-    for pdf in rows:
-        n += len(pdf)
-    state.update((n,))
-    yield pd.DataFrame({"tweet": [key[0]], "views": [n]})
-
-
-OPERATOR = buffering.cached_state(max_entries=10, store="rocksdb")(counting)
+OPERATOR = buffering.cached_state(max_entries=10, store="rocksdb")(count_views)
 
 
 @pytest.fixture(autouse=True)

@@ -17,21 +17,12 @@ import buffering
 from buffering.spark import run_stream
 from checkpoint import CheckpointStorage, read_state
 
-from .helpers import all_rows, collect_sink, stream_of, views, write_batches
+from .helpers import all_rows, collect_sink, count_views, stream_of, views, write_batches
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 SCHEMA = "tweet long, user long, ts long"
 OUTPUT = "tweet long, views long"
-
-
-def count_views(key, rows, state):
-    """Views per tweet so far, kept in the state."""
-    views_ = state.get[0] if state.exists else 0
-    for pdf in rows:
-        views_ += len(pdf)
-    state.update((views_,))
-    yield pd.DataFrame({"tweet": [key[0]], "views": [views_]})
 
 
 OPERATOR = buffering.cached_state(max_entries=8, store="rocksdb")(count_views)

@@ -573,6 +573,16 @@ def test_above_the_low_watermark_an_eviction_by_a_read_also_syncs(policy):
     assert cache.dirty_count() == 2
 
 
+def test_a_cache_with_watermarks_is_built_as_the_variant_whose_reads_advance_the_drain():
+    from state.cache import WatermarkedWriteBackCache
+
+    plain = WriteBackCache(MemoryStore(), max_entries=20)
+    marked = WriteBackCache(MemoryStore(), max_entries=20, low_watermark=0.25, high_watermark=0.5)
+    assert type(plain) is WriteBackCache
+    assert type(marked) is WatermarkedWriteBackCache
+    assert isinstance(marked, WriteBackCache)
+
+
 def test_after_going_above_the_high_watermark_reads_keep_syncing_down_to_the_low_one(policy):
     cache = WriteBackCache(MemoryStore(), max_entries=20, policy=policy, low_watermark=0.25, high_watermark=0.5, sync_step=1)
     for key in range(11):

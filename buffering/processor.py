@@ -219,8 +219,21 @@ class _Variable:
         self.cache.delete(nkey)
 
     def drop_all(self) -> None:
-        """Remove every entry of this variable of the current grouping key (deleteIfExists)."""
+        """Remove this variable's entries of the current grouping key."""
         raise NotImplementedError
+
+    def purge(self) -> None:
+        """Remove every entry of this variable, of every key this instance owns (deleteIfExists).
+
+        O(entries): the cache is flushed, then each stored entry deleted
+        through it (so the deletions reach the next checkpoint).
+        """
+        self.cache.flush()
+        for key, _ in list(self.table.items()):
+            self.cache.delete(key)
+        if self.expiry is not None:
+            for key, _ in list(self.expiry.table.items()):
+                self.expiry.clear(normalize_key(key))
 
 
 class _ValueVariable(_Variable, ValueState):
@@ -477,7 +490,7 @@ class ProcessorHandle(StatefulProcessorHandle):
     def deleteIfExists(self, stateName: str) -> None:
         variable = self._runtime.variables.get(stateName)
         if variable is not None:
-            variable.drop_all()
+            variable.purge()
 
 
 class ProcessorTimers:

@@ -285,6 +285,10 @@ class OperatorInstance:
     def _open_working_store(self) -> RocksDBStore:
         assert self.workdir is not None
         root = RocksDBStore(self.workdir, max_parallelism=self.max_parallelism, key_types=self._key_types, table=STATE_TABLE)
+        if TTL_TABLE not in self._side_tables and TTL_TABLE in root.tables():
+            # An adopted store restored from a checkpoint with expiries (see restore()): its table
+            # belongs to every version this instance writes.
+            self._side_tables.append(TTL_TABLE)
         tables = {STATE_TABLE: root, **{name: root.table(name) for name in self._side_tables}}
         if self.processor is not None:
             tables.update(self.processor.bind(root))

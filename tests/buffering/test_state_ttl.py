@@ -207,3 +207,25 @@ def test_an_aggregate_starts_again_from_empty_once_its_accumulator_expired():
 def test_cached_state_refuses_a_ttl_that_is_not_a_positive_int_naming_it(bad):
     with pytest.raises(ValueError, match=rf"cached_state\(ttl_ms=\.\.\.\) must be a positive int .*got {bad!r}"):
         cached_state(ttl_ms=bad)
+
+
+def test_a_working_store_adopted_after_a_restore_without_ttl_ms_keeps_checkpointing_its_ttl_table(tmp_path):
+    """run_stream's executor placement hands suspended working stores to other processes: the adopter must
+    write every table of the version it continues, the ttl table a restore brought in too."""
+    from buffering import OperatorInstance
+
+    clock = Clock(0)
+    location = tmp_path / "cp"
+    LocalRunner(cached_state(ttl_ms=TTL)(count_sum), key="k", clock=clock, checkpoint_location=location).process(batch(1))
+    fn = cached_state(store="rocksdb", path=str(tmp_path / "work"))(count_sum)
+    runner = LocalRunner(fn, key="k", clock=clock, checkpoint_location=location)
+    held = runner.instances[0]
+    held.suspend()
+    held.release_workdir()
+    adopter = OperatorInstance.for_runner(runner, 0, storage=runner.storage, manager=None, workdir=held.workdir, fresh=False)
+    adopter.adopt()
+    adopter.process(batch(2), 10, -1)
+    adopter.end_of_batch(10, -1)
+    report = adopter.checkpoint(runner.version + 1, runner._manifest)  # refused when a table of the version is missing
+    assert report.bytes > 0
+    assert plain(adopter.state_items()) == {(1,): (1, 1), (2,): (1, 1)}

@@ -29,7 +29,7 @@ from typing import Iterable, Iterator, Optional
 from sortedcontainers import SortedDict
 
 from .base import Store
-from .keys import NormalizedKey, normalize_key
+from .keys import NormalizedKey
 
 
 def expiry_for(now_ms: int, ttl_ms: int) -> int:
@@ -81,8 +81,9 @@ class ExpiryIndex:
         """Rebuild the index from the table (after a restore or an adopted working store). O(n)."""
         self._by_key.clear()
         self._buckets.clear()
-        for key, expires_at in self._table.items():
-            self._add(normalize_key(key), int(expires_at))
+        add = self._add
+        for nkey, expires_at in self._table._iter_items():  # normalized keys: no denormalize/normalize round trip
+            add(nkey, int(expires_at))
 
     # ------------------------------------------------------------ reads
     def expires_at(self, nkey: NormalizedKey) -> Optional[int]:

@@ -248,7 +248,8 @@ class OperatorInstance:
         self.timers = TimerService(self.tables[TIMERS_TABLE])
         self.ttl: Optional[ExpiryIndex] = ExpiryIndex(self.tables[TTL_TABLE]) if self.ttl_ms is not None else None
         # Expiries set (int) or cleared (None) by the calls of one flush, written to the index in one
-        # batch after them (one table write instead of one per call: 2.9 vs 6.3 us per key measured).
+        # batch after them (one table write instead of one per call: measured 2.9-3.4 us per key
+        # batched vs 5.9-6.6 us one by one, over a RocksDB table).
         self._expiry_changes: dict[NormalizedKey, Optional[int]] = {}
         self.buffer = MiniBatchBuffer(self.key_columns, spec.mini_batch, key_types)
         # Columns of the frames handed to the function (the empty frame of a timeout has them).
@@ -344,8 +345,9 @@ class OperatorInstance:
         else:
             self.state = self.tables[STATE_TABLE]
         self.timers = TimerService(self.tables[TIMERS_TABLE])
+        self.timers.reload()
         if self.ttl is not None:
-            self.ttl = ExpiryIndex(self.tables[TTL_TABLE])
+            self.ttl = ExpiryIndex(self.tables[TTL_TABLE])  # reloads from the reopened table
         self.suspended = False
 
     def adopt(self) -> None:
@@ -371,7 +373,7 @@ class OperatorInstance:
 
     # ------------------------------------------------------------ restore / checkpoint
     def restore(self, manifest: Manifest) -> None:
-        """Load this instance's key groups of ``manifest`` (state, pending rows, timers)."""
+        """Load this instance's key groups of ``manifest`` (state, pending rows, timers, expiries)."""
         assert self.storage is not None
         if TTL_TABLE in manifest.tables and TTL_TABLE not in self._raw:
             # The checkpoint's operator had ttl_ms: restore its table too (every table of a version

@@ -80,10 +80,11 @@ def test_a_call_that_does_not_update_the_state_leaves_its_expiry():
     assert runner.state() == {}
 
 
-def test_the_end_of_the_batch_sweeps_exactly_the_expired_keys_from_state_and_checkpoint(tmp_path):
+@pytest.mark.parametrize("cache", [{}, {"max_entries": 1}], ids=["unbounded-cache", "one-entry-cache"])
+def test_the_end_of_the_batch_sweeps_exactly_the_expired_keys_from_state_and_checkpoint(tmp_path, cache):
     clock = Clock(0)
     location = tmp_path / "cp"
-    runner = LocalRunner(cached_state(ttl_ms=TTL)(count_sum), key="k", clock=clock, checkpoint_location=location)
+    runner = LocalRunner(cached_state(ttl_ms=TTL, **cache)(count_sum), key="k", clock=clock, checkpoint_location=location)
     runner.process(batch(1, 2, 3))
     clock.now = 50
     runner.process(batch(3, 4))
@@ -229,3 +230,15 @@ def test_a_working_store_adopted_after_a_restore_without_ttl_ms_keeps_checkpoint
     report = adopter.checkpoint(runner.version + 1, runner._manifest)  # refused when a table of the version is missing
     assert report.bytes > 0
     assert plain(adopter.state_items()) == {(1,): (1, 1), (2,): (1, 1)}
+
+
+def test_expiries_survive_suspending_and_resuming_the_working_store(tmp_path):
+    clock = Clock(0)
+    runner = LocalRunner(cached_state(ttl_ms=TTL, store="rocksdb")(seen), key="k", clock=clock, checkpoint_location=tmp_path / "cp")
+    runner.process(batch(1))
+    instance = runner.instances[0]
+    instance.suspend()  # what run_stream's executor placement does between batches
+    instance.resume()
+    assert dict(instance.ttl.items()) == {1: TTL}
+    clock.now = TTL
+    assert saw(runner.process(batch(1))) == {1: None}

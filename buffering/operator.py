@@ -31,7 +31,7 @@ from state.locks import FileLock, directory_lock
 from state.raw import RawTable
 from state.state_schema import StateSchema
 from state.timers import TimerService
-from state.ttl import ExpiryIndex, expiry_for
+from state.ttl import AnyExpiryIndex, ExpiryIndex, OrderedExpiryIndex, expiry_for
 
 from .buffer import MiniBatchBuffer
 from .protocol import call_function
@@ -41,9 +41,12 @@ from .processor import ProcessorRuntime
 STATE_TABLE = "state"
 PENDING_TABLE = "pending"
 TIMERS_TABLE = "timers"
-#: Expiry times of keys (only for an operator with cached_state(ttl_ms=...), or restored from one).
+#: Expiry times of keys, and the same ordered by expiry within each key group (see state.ttl.OrderedExpiryIndex);
+#: only for an operator with cached_state(ttl_ms=...), or restored from one.
 TTL_TABLE = "ttl"
-TABLES = (STATE_TABLE, PENDING_TABLE, TIMERS_TABLE, TTL_TABLE)
+TTL_ORDER_TABLE = "ttl.order"
+TTL_TABLES = (TTL_TABLE, TTL_ORDER_TABLE)
+TABLES = (STATE_TABLE, PENDING_TABLE, TIMERS_TABLE, *TTL_TABLES)
 
 
 @dataclass
@@ -182,10 +185,10 @@ class OperatorInstance:
         self.metrics = InstanceMetrics()
         config = spec.state
         self.ttl_ms: Optional[int] = config.ttl_ms
-        # The side tables besides the state; "ttl" only when this operator expires state, so that
-        # checkpoints of operators without TTL keep their tables (a restore adds it when the
-        # checkpoint has it: see restore()).
-        self._side_tables: list[str] = [PENDING_TABLE, TIMERS_TABLE] + ([TTL_TABLE] if self.ttl_ms is not None else [])
+        # The side tables besides the state; the TTL tables only when this operator expires state, so
+        # that checkpoints of operators without TTL keep their tables (a restore adds them when the
+        # checkpoint has them: see restore()).
+        self._side_tables: list[str] = [PENDING_TABLE, TIMERS_TABLE] + (list(TTL_TABLES) if self.ttl_ms is not None else [])
         self._files = _WorkingFiles()
         self._finalizer = weakref.finalize(self, self._files.release)
         # A transformWithStateInPandas processor: one table per state variable, each behind its cache.
@@ -246,10 +249,10 @@ class OperatorInstance:
             self.cache = self._make_cache(state_table, f"state[{index}/{parallelism}]")
         self.state: Store = self.cache if self.cache is not None else state_table
         self.timers = TimerService(self.tables[TIMERS_TABLE])
-        self.ttl: Optional[ExpiryIndex] = ExpiryIndex(self.tables[TTL_TABLE]) if self.ttl_ms is not None else None
+        self.ttl: Optional[AnyExpiryIndex] = self._expiry_index() if self.ttl_ms is not None else None
         # Expiries set (int) or cleared (None) by the calls of one flush, written to the index in one
-        # batch after them (one table write instead of one per call: measured 2.9-3.4 us per key
-        # batched vs 5.9-6.6 us one by one, over a RocksDB table).
+        # batch after them (one multi-get and write batch instead of one per call; for the in-memory
+        # index over a RocksDB table measured 2.9-3.4 us per key batched vs 5.9-6.6 us one by one).
         self._expiry_changes: dict[NormalizedKey, Optional[int]] = {}
         self.buffer = MiniBatchBuffer(self.key_columns, spec.mini_batch, key_types)
         # Columns of the frames handed to the function (the empty frame of a timeout has them).
@@ -283,13 +286,23 @@ class OperatorInstance:
         for cache in self.caches:
             cache.flush()
 
+    def _expiry_index(self) -> AnyExpiryIndex:
+        """The order by expiry in RocksDB next to a RocksDB working store (memory: one int per key group),
+        in memory over a memory store."""
+        table = self.tables[TTL_TABLE]
+        if isinstance(table, RocksDBStore):
+            order = self.tables[TTL_ORDER_TABLE]
+            assert isinstance(order, RocksDBStore)
+            return OrderedExpiryIndex(table, order, key_groups=self.key_groups)
+        return ExpiryIndex(table)
+
     def _open_working_store(self) -> RocksDBStore:
         assert self.workdir is not None
         root = RocksDBStore(self.workdir, max_parallelism=self.max_parallelism, key_types=self._key_types, table=STATE_TABLE)
         if TTL_TABLE not in self._side_tables and TTL_TABLE in root.tables():
-            # An adopted store restored from a checkpoint with expiries (see restore()): its table
-            # belongs to every version this instance writes.
-            self._side_tables.append(TTL_TABLE)
+            # An adopted store restored from a checkpoint with expiries (see restore()): its tables
+            # belong to every version this instance writes.
+            self._side_tables.extend(TTL_TABLES)
         tables = {STATE_TABLE: root, **{name: root.table(name) for name in self._side_tables}}
         if self.processor is not None:
             tables.update(self.processor.bind(root))
@@ -347,7 +360,7 @@ class OperatorInstance:
         self.timers = TimerService(self.tables[TIMERS_TABLE])
         self.timers.reload()
         if self.ttl is not None:
-            self.ttl = ExpiryIndex(self.tables[TTL_TABLE])  # reloads from the reopened table
+            self.ttl = self._expiry_index()  # reloads from the reopened tables
         self.suspended = False
 
     def adopt(self) -> None:
@@ -365,8 +378,12 @@ class OperatorInstance:
         elif TTL_TABLE in self.tables:
             # Restored from a checkpoint of this operator with ttl_ms, now run without: its state no
             # longer expires, and stale expiries must not come back should ttl_ms be set again.
-            ttl_table = self.tables[TTL_TABLE]
-            ttl_table.delete_many([key for key, _ in ttl_table.items()])
+            for name in TTL_TABLES:
+                table = self.tables[name]
+                if isinstance(table, RocksDBStore):
+                    table.write_raw([(raw_key, None) for raw_key, _ in table.iter_raw()], track=True)
+                else:
+                    table.delete_many([key for key, _ in table.items()])
         pending = [(normalize_key(k), v) for k, v in self.tables[PENDING_TABLE].items()]
         self.buffer.restore(iter(pending))
         self._pending_keys = {nkey for nkey, _ in pending}
@@ -376,13 +393,14 @@ class OperatorInstance:
         """Load this instance's key groups of ``manifest`` (state, pending rows, timers, expiries)."""
         assert self.storage is not None
         if TTL_TABLE in manifest.tables and TTL_TABLE not in self._raw:
-            # The checkpoint's operator had ttl_ms: restore its table too (every table of a version
-            # must be restored), then _reload_from_tables clears it.
-            self._side_tables.append(TTL_TABLE)
-            table = self._root.table(TTL_TABLE)
-            assert isinstance(table, RocksDBStore)
-            table.track_changes()
-            self.tables[TTL_TABLE] = self._raw[TTL_TABLE] = table
+            # The checkpoint's operator had ttl_ms: restore its tables too (every table of a version
+            # must be restored), then _reload_from_tables clears them.
+            for name in TTL_TABLES:
+                self._side_tables.append(name)
+                table = self._root.table(name)
+                assert isinstance(table, RocksDBStore)
+                table.track_changes()
+                self.tables[name] = self._raw[name] = table
         restore(self.storage, manifest, self.key_groups, self._raw)
         for raw in self._raw.values():
             raw.drain_changes()  # what was restored is not a change
@@ -476,11 +494,19 @@ class OperatorInstance:
 
     def _visible(self, keys: list[NormalizedKey], values: list[Any], processing_time_ms: int) -> list[Any]:
         """``values`` read for ``keys``, with the state of expired keys hidden (None: no state)."""
-        ttl = self.ttl
-        if ttl is None or not len(ttl):
+        if self.ttl is None:
             return values
-        expired = ttl.expired
-        return [None if expired(nkey, processing_time_ms) else value for nkey, value in zip(keys, values)]
+        held = [i for i, value in enumerate(values) if value is not None]  # a key without state has nothing to hide
+        if not held:
+            return values
+        expired = self.ttl.expired_many([keys[i] for i in held], processing_time_ms)
+        if not any(expired):
+            return values
+        values = list(values)
+        for i, gone in zip(held, expired):
+            if gone:
+                values[i] = None
+        return values
 
     def flush(self, processing_time_ms: int, watermark_ms: int) -> list[pd.DataFrame]:
         """Hand every buffered key to the function (or fold its partials into the accumulators)."""
@@ -658,7 +684,6 @@ class OperatorInstance:
             "checkpoint_bytes": self.metrics.checkpoint_bytes,
         }
         if self.ttl is not None:
-            out["ttl_keys"] = len(self.ttl)  # keys whose state has an expiry
             out["expired"] = self.metrics.expired  # keys the TTL sweeps removed since the instance started
         if self.cache is not None:
             out["cache"] = self.cache.stats()

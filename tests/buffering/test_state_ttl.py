@@ -96,8 +96,9 @@ def test_the_end_of_the_batch_sweeps_exactly_the_expired_keys_from_state_and_che
     assert runner.stats()["instances"][0]["expired"] == 2
 
 
-def test_the_sweep_deletes_only_the_expired_keys_and_scans_no_table(tmp_path, monkeypatch):
-    """Work proportional to what expires: 3 of 3,003 keys expire; the sweep writes 3 deletes per table, reads no scan."""
+def test_the_sweep_deletes_only_the_expired_keys_and_reads_no_other_entry(tmp_path, monkeypatch):
+    """Work proportional to what expires: 3 of 3,003 keys expire; the sweep deletes 3 entries of each table
+    (state, ttl, ttl.order) and reads the order entries due plus at most one more per key group."""
     clock = Clock(0)
     fn = cached_state(ttl_ms=TTL, store="rocksdb")(count_sum)  # no cache: state writes reach the table at once
     runner = LocalRunner(fn, key="k", clock=clock)
@@ -105,28 +106,34 @@ def test_the_sweep_deletes_only_the_expired_keys_and_scans_no_table(tmp_path, mo
     clock.now = 50
     runner.process(batch(*range(3_000)))
     instance = runner.instances[0]
-    counts = {name: {"written": 0, "batches": 0, "scanned": 0} for name in ("state", "ttl")}
-    for name in counts:
+    counts = {name: {"written": 0, "read": 0} for name in ("state", "ttl", "ttl.order")}
+    for name, count in counts.items():
         table = instance.tables[name]
-        write, scan = table._write, table._iter_items
 
-        def counting_write(items, _write=write, _count=counts[name]):
-            items = list(items)
-            _count["written"] += len(items)
-            _count["batches"] += 1
-            return _write(items)
+        def counted_writes(method, count=count):
+            def wrapper(items, **kwargs):
+                items = list(items)
+                count["written"] += len(items)
+                return method(items, **kwargs)
+            return wrapper
 
-        def counting_scan(_scan=scan, _count=counts[name]):
-            for item in _scan():
-                _count["scanned"] += 1
-                yield item
+        def counted_reads(method, count=count):
+            def wrapper(*args, **kwargs):
+                for item in method(*args, **kwargs):
+                    count["read"] += 1
+                    yield item
+            return wrapper
 
-        monkeypatch.setattr(table, "_write", counting_write)
-        monkeypatch.setattr(table, "_iter_items", counting_scan)
+        for method in ("_write", "write_raw"):
+            monkeypatch.setattr(table, method, counted_writes(getattr(table, method)))
+        for method in ("_iter_items", "iter_raw", "iter_raw_keys"):
+            monkeypatch.setattr(table, method, counted_reads(getattr(table, method)))
     clock.now = TTL
-    runner.process(empty())
-    assert set(runner.state()) == {(k,) for k in range(3_000)}
-    assert counts == {name: {"written": 3, "batches": 1, "scanned": 0} for name in ("state", "ttl")}
+    instance.end_of_batch(TTL, -1)  # the end of the batch at TTL: 3 keys expire
+    assert {name: c["written"] for name, c in counts.items()} == {"state": 3, "ttl": 3, "ttl.order": 3}
+    assert counts["state"]["read"] == counts["ttl"]["read"] == 0
+    assert 3 <= counts["ttl.order"]["read"] <= 6
+    assert set(instance.state_items()) == {(k,) for k in range(3_000)}
 
 
 def test_expiries_survive_a_checkpoint_and_a_restore(tmp_path):

@@ -233,7 +233,14 @@ def cached_state(
     config = StateConfig(max_entries, max_bytes, policy, store, path, low_watermark, high_watermark, ttl_ms)
 
     def decorate(fn: Any) -> Any:
-        return _with_spec(fn, spec_of(fn).replace(state=config))
+        spec = spec_of(fn)
+        if ttl_ms is not None and spec.processor is not None:
+            raise ValueError(
+                f"cached_state(ttl_ms={ttl_ms!r}) expires a function's state; the processor "
+                f"{type(spec.processor).__name__} sets a TTL per state variable (the ttlDurationMs of "
+                "getValueState/getListState/getMapState)"
+            )
+        return _with_spec(fn, spec.replace(state=config))
 
     return decorate
 

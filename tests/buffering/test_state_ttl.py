@@ -249,3 +249,17 @@ def test_expiries_survive_suspending_and_resuming_the_working_store(tmp_path):
     assert dict(instance.ttl.items()) == {1: TTL}
     clock.now = TTL
     assert saw(runner.process(batch(1))) == {1: None}
+
+
+def test_cached_state_refuses_ttl_ms_for_a_processor_whose_variables_carry_their_own():
+    from pyspark.sql.streaming import StatefulProcessor
+
+    class Counting(StatefulProcessor):
+        def init(self, handle):
+            self.count = handle.getValueState("count", "count long", ttlDurationMs=TTL)
+
+        def handleInputRows(self, key, rows, timerValues):
+            yield from ()
+
+    with pytest.raises(ValueError, match=r"cached_state\(ttl_ms=100\) .* processor Counting sets a TTL per state variable"):
+        cached_state(ttl_ms=TTL)(Counting())

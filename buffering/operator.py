@@ -200,6 +200,7 @@ class OperatorInstance:
                 key_types=key_types,
                 timeout_conf=timeout_conf,
                 make_cache=lambda table, name: self._make_cache(table, f"{name}[{index}/{parallelism}]"),
+                key_groups=self.key_groups,
             )
         self._manager = manager
         # The working store: RocksDB when asked for, or whenever checkpoints are written

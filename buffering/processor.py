@@ -22,7 +22,9 @@ with the instance that owns the key, through checkpoints and rescales.
 TTL (``ttlDurationMs``): a value, map entry or list element is stored with
 its expiry (processing time of its last update + TTL); reads skip expired
 ones, and the sweep after each batch deletes what expired, at a cost
-proportional to what expired (an index by expiry time, ``tws.ttl.<name>``).
+proportional to what expired: ``tws.ttl.<name>`` records each entry's expiry
+(a list: its earliest element's) and ``tws.ttl-order.<name>`` orders them by
+key group and time (:class:`state.ttl.OrderedExpiryIndex`), both checkpointed.
 As Spark: a value is expired when its expiry <= the batch's processing time.
 
 Values are stored as tuples with numpy scalars made Python scalars (as Spark
@@ -47,7 +49,8 @@ from pyspark.sql.streaming.stateful_processor import (
 )
 from sortedcontainers import SortedList
 
-from state import RocksDBStore, Store, WriteBackCache
+from state import RocksDBStore, WriteBackCache
+from state.ttl import OrderedExpiryIndex
 from state.keys import NormalizedKey, denormalize_key, encode_key, key_columns, normalize_key
 
 from .protocol import output_frames, spark_key
@@ -115,56 +118,6 @@ def _row(value: Any, kind: str, name: str) -> tuple:
     return tuple(_python_value(v) for v in value)
 
 
-class _Expiry:
-    """Expiry times of a variable's entries, in a table ordered by time, with an in-memory sorted index.
-
-    ``set``/``clear`` are O(log n); ``due(now)`` is O(log n + expired).
-    The table (key -> expiry) is checkpointed with the variable, so the index
-    is rebuilt from it after a restore, at any parallelism.
-    """
-
-    def __init__(self, table: Store) -> None:
-        self.table = table
-        self._index: SortedList = SortedList()
-        self._at: dict[NormalizedKey, int] = {}
-        self.reload()
-
-    def reload(self) -> None:
-        self._index.clear()
-        self._at.clear()
-        for key, at in self.table.items():
-            nkey = normalize_key(key)
-            self._at[nkey] = at
-            self._index.add((at, encode_key(nkey)))
-
-    def expires_at(self, nkey: NormalizedKey) -> Optional[int]:
-        return self._at.get(nkey)
-
-    def set(self, nkey: NormalizedKey, at: int) -> None:
-        old = self._at.get(nkey)
-        if old == at:
-            return
-        encoded = encode_key(nkey)
-        if old is not None:
-            self._index.discard((old, encoded))
-        self._at[nkey] = at
-        self._index.add((at, encoded))
-        self.table.put(nkey, at)
-
-    def clear(self, nkey: NormalizedKey) -> None:
-        old = self._at.pop(nkey, None)
-        if old is not None:
-            self._index.discard((old, encode_key(nkey)))
-            self.table.delete(nkey)
-
-    def due(self, now: int) -> list[NormalizedKey]:
-        """Keys whose expiry <= now, earliest first."""
-        from state.keys import decode_key
-
-        stop = self._index.bisect_right((now, b"\xff" * 8))
-        return [decode_key(encoded) for _, encoded in self._index[:stop]]
-
-
 class _Variable:
     """One state variable: its table, the cache in front of it, and its TTL."""
 
@@ -180,7 +133,7 @@ class _Variable:
         self.ttl_table_name = f"tws.ttl.{name}" if ttl_ms is not None else None
         self.cache: WriteBackCache
         self.table: RocksDBStore
-        self.expiry: Optional[_Expiry] = None
+        self.expiry: Optional[OrderedExpiryIndex] = None
 
     def bind(self, root: RocksDBStore) -> list[tuple[str, RocksDBStore]]:
         """Open (or reopen) this variable's tables on ``root``; returns them by name."""
@@ -194,8 +147,10 @@ class _Variable:
         tables = [(self.table_name, self.table)]
         if self.ttl_table_name is not None:
             ttl_table = root.table(self.ttl_table_name, group_columns=group_columns)
-            self.expiry = _Expiry(ttl_table)
-            tables.append((self.ttl_table_name, ttl_table))
+            order_name = f"tws.ttl-order.{self.name}"
+            order_table = root.table(order_name)
+            self.expiry = OrderedExpiryIndex(ttl_table, order_table, key_groups=self.runtime.key_groups)
+            tables.extend([(self.ttl_table_name, ttl_table), (order_name, order_table)])
         return tables
 
     def expires_at(self) -> int:
@@ -209,10 +164,9 @@ class _Variable:
         """Delete what expired at ``now``; returns how many entries went."""
         if self.expiry is None:
             return 0
-        due = self.expiry.due(now)
+        due = self.expiry.pop_due(now)
         for nkey in due:
             self._expire(nkey, now)
-            self.expiry.clear(nkey)
         return len(due)
 
     def _expire(self, nkey: NormalizedKey, now: int) -> None:
@@ -232,8 +186,7 @@ class _Variable:
         for key, _ in list(self.table.items()):
             self.cache.delete(key)
         if self.expiry is not None:
-            for key, _ in list(self.expiry.table.items()):
-                self.expiry.clear(normalize_key(key))
+            self.expiry.remove_many([nkey for nkey, _ in list(self.expiry.items())])
 
 
 class _ValueVariable(_Variable, ValueState):
@@ -265,7 +218,7 @@ class _ValueVariable(_Variable, ValueState):
         nkey = self.runtime.nkey
         self.cache.delete(nkey)
         if self.expiry is not None:
-            self.expiry.clear(nkey)
+            self.expiry.remove(nkey)
 
     drop_all = clear
 
@@ -337,7 +290,7 @@ class _ListVariable(_Variable, ListState):
             if entries:
                 self.expiry.set(nkey, min(at for _, at in entries))
             else:
-                self.expiry.clear(nkey)
+                self.expiry.remove(nkey)
 
     def appendValue(self, newState: tuple) -> None:
         self.appendList([newState])
@@ -381,9 +334,8 @@ class _ListVariable(_Variable, ListState):
     def sweep(self, now: int) -> int:
         if self.expiry is None:
             return 0
-        due = self.expiry.due(now)
+        due = self.expiry.pop_due(now)
         for nkey in due:
-            self.expiry.clear(nkey)
             self._expire(nkey, now)  # sets the next earliest expiry of what is kept
         return len(due)
 
@@ -446,7 +398,7 @@ class _MapVariable(_Variable, MapState):
         nkey = self._key(key)
         self.cache.delete(nkey)
         if self.expiry is not None:
-            self.expiry.clear(nkey)
+            self.expiry.remove(nkey)
 
     def clear(self) -> None:
         for user_key, _ in list(self._entries_all()):
@@ -568,6 +520,7 @@ class ProcessorRuntime:
         key_types: Optional[Sequence[str]],
         timeout_conf: str,
         make_cache: Callable[[RocksDBStore, str], WriteBackCache],
+        key_groups: Optional[range] = None,
     ) -> None:
         if not isinstance(processor, StatefulProcessor):
             raise TypeError(f"expected a pyspark StatefulProcessor, got {type(processor).__name__}")
@@ -577,6 +530,8 @@ class ProcessorRuntime:
         self.key_types = tuple(key_types) if key_types is not None else None
         self.timeout_conf = timeout_conf
         self.make_cache = make_cache
+        #: The key groups this runtime's instance owns (TTL sweeps seek only those); None: all.
+        self.key_groups = key_groups
         self.variables: dict[str, _Variable] = {}
         self.timers = ProcessorTimers(self)
         self.nkey: NormalizedKey = None

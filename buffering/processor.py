@@ -621,7 +621,7 @@ class ProcessorRuntime:
         self.processor.handleInitialState(spark_key(nkey, self.key_types), frame, self.timer_values())
 
     def fire_timers(self) -> list[pd.DataFrame]:
-        """handleExpiredTimer for every due timer, in time order; each timer is deleted before its call."""
+        """handleExpiredTimer for every due timer, in time order; each timer is deleted after its call."""
         if self.timeout_conf == "ProcessingTimeTimeout":
             threshold = self.processing_time_ms
         elif self.timeout_conf == "EventTimeTimeout" and self.watermark_ms >= 0:
@@ -630,13 +630,14 @@ class ProcessorRuntime:
             return []
         outputs: list[pd.DataFrame] = []
         for timestamp, nkey in self.timers.due(threshold):
-            self.timers.delete(nkey, timestamp)
             self.fired += 1
             self.set_key(nkey)
             result = self.processor.handleExpiredTimer(
                 spark_key(nkey, self.key_types), self.timer_values(), ExpiredTimerInfo(timestamp)
             )
             outputs.extend(output_frames(denormalize_key(nkey), result))
+            # After the call, as Spark: the firing timer is still listed by listTimers() during it.
+            self.timers.delete(nkey, timestamp)
         return outputs
 
     def sweep(self) -> int:

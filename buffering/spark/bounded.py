@@ -282,12 +282,12 @@ class _ProcessorKeys:
         runtime = self.runtime
         out = runtime.handle_rows(nkey, rows)
         for timestamp in runtime.timers.list(nkey):
-            runtime.timers.delete(nkey, timestamp)
             runtime.set_key(nkey)
             result = runtime.processor.handleExpiredTimer(
                 spark_key(nkey, plan.key_types), runtime.timer_values(), ExpiredTimerInfo(timestamp)
             )
             out.extend(output_frames(nkey, result))
+            runtime.timers.delete(nkey, timestamp)  # after the call, as Spark
         runtime.set_key(nkey)
         for variable in runtime.variables.values():
             variable.drop_all()

@@ -614,18 +614,18 @@ class ProcessorRuntime:
         self.processing_time_ms = processing_time_ms
         self.watermark_ms = watermark_ms
 
-    def _timer_values(self) -> TimerValues:
+    def timer_values(self) -> TimerValues:
         return TimerValues(self.processing_time_ms, self.watermark_ms)
 
     # ------------------------------------------------------------ calls
     def handle_rows(self, nkey: NormalizedKey, rows: pd.DataFrame) -> list[pd.DataFrame]:
         self.set_key(nkey)
         key = spark_key(nkey, self.key_types)
-        return output_frames(denormalize_key(nkey), self.processor.handleInputRows(key, iter([rows]), self._timer_values()))
+        return output_frames(denormalize_key(nkey), self.processor.handleInputRows(key, iter([rows]), self.timer_values()))
 
     def handle_initial_state(self, nkey: NormalizedKey, frame: pd.DataFrame) -> None:
         self.set_key(nkey)
-        self.processor.handleInitialState(spark_key(nkey, self.key_types), frame, self._timer_values())
+        self.processor.handleInitialState(spark_key(nkey, self.key_types), frame, self.timer_values())
 
     def fire_timers(self) -> list[pd.DataFrame]:
         """handleExpiredTimer for every due timer, in time order; each timer is deleted before its call."""
@@ -641,7 +641,7 @@ class ProcessorRuntime:
             self.fired += 1
             self.set_key(nkey)
             result = self.processor.handleExpiredTimer(
-                spark_key(nkey, self.key_types), self._timer_values(), ExpiredTimerInfo(timestamp)
+                spark_key(nkey, self.key_types), self.timer_values(), ExpiredTimerInfo(timestamp)
             )
             outputs.extend(output_frames(denormalize_key(nkey), result))
         return outputs

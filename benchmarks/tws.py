@@ -33,11 +33,16 @@ first one untimed so every key has state; median of the timed passes):
 (dict)     the processor's own cost: ``handleInputRows`` in a loop against a
            plain dict-backed handle (:class:`DictHandle`: the grouping key is an
            attribute, each state a dict);
-(opbuffer) the same loop against opbuffer's handle (the processor instance of a
-           LocalRunner, grouping key set with its ``set_grouping_key``), all state
-           cached (cache hits);
-(runner)   ``LocalRunner.process`` of the whole batch (grouping, calls, output),
-           per call, for information.
+(opbuffer) the same loop against opbuffer's handle: the processor copy a
+           LocalRunner's instance runs (``instance.processor.processor``) after
+           one ``process`` of the batch, the grouping key set with its
+           ``ProcessorRuntime.set_key`` (normalized keys, as the runner's buffer
+           hands them), all state cached (cache hits);
+(runtime)  opbuffer's own per-key call, ``ProcessorRuntime.handle_rows`` (key
+           conversion, the call, its output frames collected), for information;
+(runner)   ``LocalRunner.process`` of the whole batch (late-row filter,
+           grouping, calls, timers/TTL sweep, commit of a version to its private
+           checkpoint), per call, for information.
 
 overhead per call = (opbuffer - dict) / calls; overhead per state access =
 (opbuffer - dict) / accesses in a loop of ``get`` / ``update`` on the current
@@ -76,7 +81,7 @@ USERS = 25_000
 BATCHES = 4
 KEYS = (10_000, 100_000)
 #: --quick: sized from a measured Spark run (see the report): about 3 minutes in all on 2 shared cores.
-QUICK = {"rows": 100_000, "keys": (1_000, 5_000), "micro_keys": 5_000}
+QUICK = {"rows": 100_000, "keys": (1_000, 5_000), "micro_keys": 5_000, "micro_rounds": 3, "access_ops": 100_000}
 VARIANTS = ("spark", "opbuffer")
 KEEP = 10
 ACCESSES_PER_CALL = 4
@@ -259,19 +264,29 @@ def grouped_batch(rows: int, keys: int, users: int, seed: int) -> tuple[pd.DataF
     return batch, groups
 
 
-def call_loop(proc: CountAndLast10, groups: list[tuple[tuple, pd.DataFrame]], set_key: Any) -> float:
-    """Seconds of one pass of handleInputRows over every key's frame (key set through ``set_key`` first)."""
+def call_loop(proc: CountAndLast10, groups: list[tuple[tuple, pd.DataFrame]], set_key: Any, set_args: list) -> float:
+    """Seconds of one pass of handleInputRows over every key's frame (``set_key(arg)`` first, ``arg`` precomputed)."""
     timer_values = TimerValues(0, -1)
     handle_rows = proc.handleInputRows
     start = now()
-    for key, frame in groups:
-        set_key(key)
+    for (key, frame), arg in zip(groups, set_args):
+        set_key(arg)
         for _ in handle_rows(key, iter((frame,)), timer_values):
             pass
     return now() - start
 
 
-def access_loop(proc: CountAndLast10, keys: list[tuple], set_key: Any, ops: int) -> dict[str, float]:
+def runtime_loop(runtime: Any, groups: list[tuple[tuple, pd.DataFrame]], nkeys: list) -> float:
+    """Seconds of one pass of opbuffer's own per-key call (ProcessorRuntime.handle_rows: key conversion, the
+    call, its output frames collected) over every key's frame."""
+    handle_rows = runtime.handle_rows
+    start = now()
+    for (_, frame), nkey in zip(groups, nkeys):
+        handle_rows(nkey, frame)
+    return now() - start
+
+
+def access_loop(proc: CountAndLast10, keys: list, set_key: Any, ops: int) -> dict[str, float]:
     """Seconds per state access (get/update of the ValueState, get/put of the ListState) over existing keys."""
     count, last = proc.count, proc.last
     n = len(keys)
@@ -320,42 +335,48 @@ def dict_processor() -> tuple[CountAndLast10, Any]:
     return proc, set_key
 
 
-def opbuffer_processor(batch: pd.DataFrame, max_entries: int) -> tuple[CountAndLast10, Any, Any]:
-    """A LocalRunner's processor after one batch (every key has state, all of it cached) and its key setter."""
+def opbuffer_processor(batch: pd.DataFrame, max_entries: int) -> tuple[CountAndLast10, Any, Any, Any]:
+    """The processor a LocalRunner runs (its instance's copy) after one batch (every key has state, all of it
+    cached), the instance's key setter (takes a normalized key), its ProcessorRuntime and the runner."""
     from buffering import LocalRunner, cached_state
 
-    proc = cached_state(max_entries=max_entries)(CountAndLast10())
-    runner = LocalRunner(proc, key=["tweet"])
+    runner = LocalRunner(cached_state(max_entries=max_entries)(CountAndLast10()), key=["tweet"])
     runner.process(batch)
     (instance,) = runner.instances
-    return proc, instance.set_grouping_key, runner
+    runtime = instance.processor
+    return runtime.processor, runtime.set_key, runtime, runner
 
 
 def measure_calls(args: argparse.Namespace, rows: int, keys: int) -> dict[str, Any]:
     """The per-call measurements: dict-backed loop, opbuffer loop, LocalRunner.process, per-access loops."""
     from buffering import LocalRunner, cached_state
+    from state.keys import normalize_key
 
     batch, groups = grouped_batch(rows, keys, USERS, args.seed)
     calls = len(groups)
     keys_list = [k for k, _ in groups]
+    nkeys = [normalize_key(k) for k in keys_list]  # what the runner's buffer hands an instance
     result: dict[str, Any] = {"rows": rows, "keys": keys, "calls": calls, "load_before": list(os.getloadavg())}
 
     d_proc, d_set = dict_processor()
-    call_loop(d_proc, groups, d_set)  # untimed: every key gets its state
-    o_proc, o_set, o_runner = opbuffer_processor(batch, args.max_entries)
-    dict_s, op_s = [], []
+    call_loop(d_proc, groups, d_set, keys_list)  # untimed: every key gets its state
+    o_proc, o_set, o_runtime, o_runner = opbuffer_processor(batch, args.max_entries)
+    dict_s, op_s, rt_s = [], [], []
     for _ in range(args.micro_rounds):
-        # Alternate, so that load changes hit both alike.
-        dict_s.append(call_loop(d_proc, groups, d_set))
-        op_s.append(call_loop(o_proc, groups, o_set))
+        # Interleaved, so that load changes hit all alike.
+        dict_s.append(call_loop(d_proc, groups, d_set, keys_list))
+        op_s.append(call_loop(o_proc, groups, o_set, nkeys))
+        rt_s.append(runtime_loop(o_runtime, groups, nkeys))
     result["dict_call_us"] = median(dict_s) / calls * 1e6
     result["opbuffer_call_us"] = median(op_s) / calls * 1e6
     result["overhead_call_us"] = result["opbuffer_call_us"] - result["dict_call_us"]
+    result["runtime_call_us"] = median(rt_s) / calls * 1e6
     result["dict_call_us_all"] = [s / calls * 1e6 for s in dict_s]
     result["opbuffer_call_us_all"] = [s / calls * 1e6 for s in op_s]
+    result["runtime_call_us_all"] = [s / calls * 1e6 for s in rt_s]
 
     d_acc = [access_loop(d_proc, keys_list, d_set, args.access_ops) for _ in range(args.micro_rounds)]
-    o_acc = [access_loop(o_proc, keys_list, o_set, args.access_ops) for _ in range(args.micro_rounds)]
+    o_acc = [access_loop(o_proc, nkeys, o_set, args.access_ops) for _ in range(args.micro_rounds)]
     result["access_us"] = {}
     for op in d_acc[0]:
         d = median([a[op] for a in d_acc]) * 1e6
@@ -406,8 +427,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--micro-keys", type=int, default=None, help="keys of the per-call measurement (default 10,000)")
     p.add_argument("--micro-rows", type=int, default=None,
                    help="rows of the per-call measurement's batch (default: 5 rows per key)")
-    p.add_argument("--micro-rounds", type=int, default=5, help="timed passes of the per-call loops (median)")
-    p.add_argument("--access-ops", type=int, default=200_000, help="accesses per per-access loop")
+    p.add_argument("--micro-rounds", type=int, default=None, help="timed passes of the per-call loops (median; default 5)")
+    p.add_argument("--access-ops", type=int, default=None, help="accesses per per-access loop (default 200,000)")
     p.add_argument("--no-e2e", action="store_true", help="only the per-call measurements")
     p.add_argument("--no-micro", action="store_true", help="only the end-to-end runs")
     p.add_argument("--parallelism", type=int, default=4, help="shuffle partitions = operator instances (default 4)")
@@ -428,6 +449,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     variants = [v for v in VARIANTS if v in {x.strip() for x in args.variants.split(",")}]
     micro_keys = args.micro_keys or (QUICK["micro_keys"] if args.quick else 10_000)
     micro_rows = args.micro_rows or micro_keys * 5
+    args.micro_rounds = args.micro_rounds or (QUICK["micro_rounds"] if args.quick else 5)
+    args.access_ops = args.access_ops or (QUICK["access_ops"] if args.quick else 200_000)
     params = {
         "rows": n_rows, "batches": args.batches, "keys": cards, "variants": variants,
         "processor": "CountAndLast10: ValueState count + ListState of the last 10 (user, ts); 4 state accesses per call",
@@ -450,6 +473,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         results["micro"] = m
         rows = [["handleInputRows, dict-backed handle (the processor's own cost)", m["dict_call_us"], "-"],
                 ["handleInputRows, opbuffer handle (cache hits)", m["opbuffer_call_us"], m["overhead_call_us"]],
+                ["ProcessorRuntime.handle_rows (opbuffer's per-key call)", m["runtime_call_us"],
+                 m["runtime_call_us"] - m["dict_call_us"]],
                 ["LocalRunner.process of the batch, per call", m["runner_process_call_us"],
                  m["runner_process_call_us"] - m["dict_call_us"]]]
         for op, v in m["access_us"].items():

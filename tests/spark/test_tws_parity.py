@@ -511,12 +511,6 @@ LATE_ROWS = (
     "opbuffer drops rows at or before the current watermark; Spark drops by the previous batch's watermark "
     "(batch 1 keeps the row at 4 s under a 10 s watermark, and its timer at 10 s then fires)"
 )
-DELETE_IF_EXISTS = (
-    "deleteIfExists() in init() clears the current grouping key's entry (there is none in init) instead of "
-    "the whole variable; under run_stream the checkpoint then refuses the write (\"table 'tws.value.tempState' "
-    "changed a key of key group 42, outside this task's range(0, 32)\"); LocalRunner passes by chance"
-)
-
 #: TTL of the expiry scenario, and how long its sink sleeps after each batch but the last.
 TTL_MS = 12_000
 TTL_SLEEP_S = 7.0
@@ -530,7 +524,6 @@ SCENARIOS = [
         ["id"],
         "id string, countAsString string, violations int",
         upstream=[[("0", "2", 1), ("1", "2", 2)], [("0", "3", 4), ("1", "2", 3)]],
-        known={"run_stream": DELETE_IF_EXISTS},
         why="upstream test_transform_with_state_basic (violations: the dict the upstream processor asserts)",
     ),
     Scenario(
@@ -542,7 +535,6 @@ SCENARIOS = [
         "id string, countAsString string, violations int",
         time_mode="ProcessingTime",
         upstream=[[("0", "2", 1), ("1", "2", 2)], [("0", "3", 4), ("1", "2", 3)]],
-        known={"run_stream": DELETE_IF_EXISTS},
         why="upstream test_value_state_ttl_basic",
     ),
     Scenario(

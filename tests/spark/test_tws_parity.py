@@ -503,10 +503,6 @@ class Scenario:
     why: str = ""
 
 
-LIST_TIMERS = (
-    "opbuffer deletes a timer before its handleExpiredTimer call; Spark still lists it in listTimers() during "
-    "the call (the upstream processor asserts 2 timers: the firing one and the one registered with the rows)"
-)
 LATE_ROWS = (
     "opbuffer drops rows at or before the current watermark; Spark drops by the previous batch's watermark "
     "(batch 1 keeps the row at 4 s under a 10 s watermark, and its timer at 10 s then fires)"
@@ -653,7 +649,6 @@ SCENARIOS = [
             [("0", "-1", "<processing time>"), ("0", "3", "<processing time>"), ("1", "5", "<processing time>")],
         ],
         processing_time_cells=_mask_columns("timeValues"),
-        known={"local": LIST_TIMERS, "run_stream": LIST_TIMERS},
         why=(
             "upstream test_transform_with_state_proc_timer. The timestamps (timeValues) are the batch's processing "
             "time, or a timer's expiry = the previous batch's processing time + 1: exact for LocalRunner (Spark's "

@@ -252,10 +252,10 @@ def _storage(plan: TaskPlan) -> CheckpointStorage:
 def _counters(instance: OperatorInstance) -> dict[str, float]:
     stats = instance.stats()
     out = {name: float(stats[name]) for name in ("rows_in", "flushes", "calls", "timeouts", "rows_out")}
-    cache = stats.get("cache")
-    if cache is not None:
+    caches = [cache.stats() for cache in instance.caches]  # the state's, or each processor variable's
+    if caches:
         for name in ("hits", "misses", "evictions", "syncs", "writes"):
-            out[f"cache_{name}"] = float(cache[name])
+            out[f"cache_{name}"] = float(sum(c[name] for c in caches))
     return out
 
 
@@ -376,11 +376,15 @@ def _run_task(
         checkpoint_seconds = time.perf_counter() - checkpoint_started
         after = _counters(instance)
         metrics = {name: after[name] - before[index].get(name, 0.0) for name in after}
-        cache = instance.cache.stats() if instance.cache is not None else None
-        if cache is not None:  # gauges, not counters: the values now
-            metrics.update(cache_entries=float(cache["entries"]), cache_estimated_bytes=float(cache["estimated_bytes"]))
-            if cache["granted_bytes"] is not None:
-                metrics["cache_granted_bytes"] = float(cache["granted_bytes"])
+        caches = [cache.stats() for cache in instance.caches]
+        if caches:  # gauges, not counters: the values now, over every cache of the instance
+            metrics.update(
+                cache_entries=float(sum(c["entries"] for c in caches)),
+                cache_estimated_bytes=float(sum(c["estimated_bytes"] for c in caches)),
+            )
+            granted = [c["granted_bytes"] for c in caches if c["granted_bytes"] is not None]
+            if granted:
+                metrics["cache_granted_bytes"] = float(sum(granted))
         metrics.update(
             checkpoint_bytes=float(report.bytes),
             checkpoint_seconds=checkpoint_seconds,

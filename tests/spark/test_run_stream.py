@@ -18,6 +18,7 @@ import buffering
 from buffering import ApproxDistinct, Count
 from buffering.spark import ParquetSink, run_stream
 from checkpoint import read_state
+from pyspark.sql.streaming import StatefulProcessor
 
 from .helpers import (
     all_rows,
@@ -383,3 +384,25 @@ def test_state_expired_by_ttl_is_gone_in_the_next_batch(spark, tmp_path, placeme
     assert all_rows(out, ["tweet"]).values.tolist() == [[1, 1, 0], [2, 1, 0], [1, 1, 1]]
     state = read_state(str(tmp_path / "ck"))
     assert state["tweet"].tolist() == [1] and [s[0] for s in state["state"]] == [1]
+
+
+class ViewCount(StatefulProcessor):
+    """A transformWithStateInPandas processor: views per tweet in a ValueState."""
+
+    def init(self, handle):
+        self.views = handle.getValueState("views", "views long")
+
+    def handleInputRows(self, key, rows, timerValues):
+        views_ = self.views.get()[0] if self.views.exists() else 0
+        for pdf in rows:
+            views_ += len(pdf)
+        self.views.update((views_,))
+        yield pd.DataFrame({"tweet": [int(key[0])], "views": [views_]})
+
+
+def test_a_processor_reports_the_hits_and_misses_of_its_variables_caches(spark, input_dir, tmp_path):
+    _, query = _run(spark, input_dir, ViewCount(), str(tmp_path / "ck"), output_schema="tweet long, views long")
+    metrics = query.batch_metrics
+    # Each call reads its key's count once (get + exists): reads counted over the variable's cache.
+    assert all(m.cache_hits + m.cache_misses >= m.calls > 0 for m in metrics)
+    assert all(sum(p["cache_entries"] for p in m.per_instance) > 0 for m in metrics)

@@ -222,6 +222,16 @@ class MiniBatchBuffer:
     # ------------------------------------------------------------ draining
     def drain(self) -> Iterator[tuple[NormalizedKey, pd.DataFrame]]:
         """Every pending key with its rows (or one combined row), keys in first-arrival order; empties the buffer."""
+        keys, frames = self.drain_keyed()
+        return zip(keys, frames)
+
+    def drain_keyed(self) -> tuple[list[NormalizedKey], Iterator[pd.DataFrame]]:
+        """:meth:`drain` as the list of keys and an iterator of their frames, made one at a time.
+
+        The buffer is emptied at once. A frame per key made only when it is
+        handed on keeps a flush of many keys from holding all of them alive
+        (every full garbage collection of the flush would walk them).
+        """
         keys = list(self._keys)
         partials = self._partials
         chunks = self._chunks
@@ -234,16 +244,12 @@ class MiniBatchBuffer:
             for name in self.aggregations:
                 columns[name] = _object_column([partials[k].get(name) for k in keys])
             combined = pd.DataFrame(columns)
-            for i, nkey in enumerate(keys):
-                yield nkey, combined.iloc[i : i + 1]
-            return
+            return keys, (combined.iloc[i : i + 1] for i in range(len(keys)))
         if self.combine_fn is not None:
-            for nkey in keys:
-                yield nkey, partials[nkey]
-            return
+            return keys, (partials[nkey] for nkey in keys)
         if not chunks:
-            return
-        yield from _grouped(chunks, keys)
+            return [], iter(())
+        return _grouped_parts(chunks, keys)
 
     def drain_accumulators(self) -> tuple[list[NormalizedKey], list[Any]]:
         """Combine mode with aggregations: pending keys and their accumulators; empties the buffer."""
@@ -314,16 +320,22 @@ class MiniBatchBuffer:
 
 def _grouped(chunks: list[_Chunk], keys: list[NormalizedKey]) -> Iterator[tuple[NormalizedKey, pd.DataFrame]]:
     """Rows of the chunks grouped by key id (``keys[id]``), ids ascending, arrival order within a key."""
+    grouped_keys, frames = _grouped_parts(chunks, keys)
+    return zip(grouped_keys, frames)
+
+
+def _grouped_parts(chunks: list[_Chunk], keys: list[NormalizedKey]) -> tuple[list[NormalizedKey], Iterator[pd.DataFrame]]:
+    """:func:`_grouped` as the keys in order and an iterator of their rows (each frame a slice made on demand)."""
     frame = chunks[0].frame if len(chunks) == 1 else pd.concat([c.frame for c in chunks], ignore_index=True)
     codes = chunks[0].codes if len(chunks) == 1 else np.concatenate([c.codes for c in chunks])
     order = np.argsort(codes, kind="stable")  # stable: arrival order within a key
     sorted_codes = codes[order]
     bounds = np.flatnonzero(np.diff(sorted_codes)) + 1
-    starts = np.concatenate(([0], bounds)).tolist()
+    starts = np.concatenate(([0], bounds))
     ends = np.concatenate((bounds, [len(codes)])).tolist()
+    grouped_keys = [keys[code] for code in sorted_codes[starts].tolist()]
     taken = frame.take(order).reset_index(drop=True)
-    for start, end in zip(starts, ends):
-        yield keys[sorted_codes[start]], taken.iloc[start:end]
+    return grouped_keys, (taken.iloc[start:end] for start, end in zip(starts.tolist(), ends))
 
 
 def _object_column(values: list[Any]) -> Any:

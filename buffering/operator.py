@@ -17,7 +17,7 @@ import shutil
 import tempfile
 import weakref
 from dataclasses import dataclass
-from typing import Any, Optional, Protocol
+from typing import Any, Iterable, Optional, Protocol
 
 import pandas as pd
 
@@ -34,6 +34,7 @@ from state.timers import TimerService
 from state.ttl import AnyExpiryIndex, ExpiryIndex, OrderedExpiryIndex, expiry_for
 
 from .buffer import MiniBatchBuffer
+from .frames import FrameCollector
 from .protocol import call_function
 from .decorators import OperatorSpec
 from .processor import ProcessorRuntime
@@ -514,19 +515,18 @@ class OperatorInstance:
         self.metrics.flushes += 1
         if self.spec.aggregations is not None:
             return self._flush_aggregate(processing_time_ms)
-        items = list(self.buffer.drain())
-        if not items:
+        keys, frames = self.buffer.drain_keyed()  # each key's frame is made as its call comes
+        if not keys:
             return []
         if self.processor is not None:
-            return self._flush_processor(items, processing_time_ms, watermark_ms)
-        keys = [nkey for nkey, _ in items]
+            return self._flush_processor(zip(keys, frames), processing_time_ms, watermark_ms)
         values = self.state.get_many(keys)  # one batched read: cache hits, one multi-get for misses
         values = self._visible(keys, values, processing_time_ms)
-        outputs: list[pd.DataFrame] = []
-        for (nkey, rows), value in zip(items, values):
-            outputs.extend(self._call(nkey, rows, value, False, processing_time_ms, watermark_ms))
+        outputs = FrameCollector()
+        for nkey, rows, value in zip(keys, frames, values):
+            outputs.add(self._call(nkey, rows, value, False, processing_time_ms, watermark_ms))
         self._apply_expiry_changes()
-        return outputs
+        return outputs.frames()
 
     def _apply_expiry_changes(self) -> None:
         """Write the expiries the calls since the last flush set or cleared, in one batch each."""
@@ -556,19 +556,19 @@ class OperatorInstance:
         return [aggs.results_frame(dict(zip(keys, merged)), self.key_columns, keys)]
 
     def _flush_processor(
-        self, items: list[tuple[NormalizedKey, pd.DataFrame]], processing_time_ms: int, watermark_ms: int
+        self, items: Iterable[tuple[NormalizedKey, pd.DataFrame]], processing_time_ms: int, watermark_ms: int
     ) -> list[pd.DataFrame]:
         runtime = self.processor
         assert runtime is not None
         runtime.set_times(processing_time_ms, watermark_ms if self.watermark_present else NO_TIMESTAMP)
-        outputs: list[pd.DataFrame] = []
+        outputs = FrameCollector()
         for nkey, rows in items:
             frames = runtime.handle_rows(nkey, rows)
             self.metrics.calls += 1
             for frame in frames:
                 self.metrics.rows_out += len(frame)
-            outputs.extend(frames)
-        return outputs
+            outputs.add(frames)
+        return outputs.frames()
 
     def apply_initial_state(self, frame: pd.DataFrame, processing_time_ms: int, watermark_ms: int) -> None:
         """``handleInitialState`` for each key of ``frame`` (this instance's keys, before its first batch)."""

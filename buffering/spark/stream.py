@@ -193,6 +193,10 @@ class StreamRunner:
                 "Spark's own checkpoint holds the plan of the first run (restart with the same placement)"
             )
         self.placement: str = placement or stored or new_placement
+        #: Spark's micro-batch ``b`` commits version ``b + batch_offset``: 0, unless the checkpoint
+        #: was imported (``buffering.spark.import_state``), whose versions come before the first
+        #: batch of the new Spark checkpoint. Every commit records it, so restarts keep it.
+        self.batch_offset = int(manifest.metadata.get(BATCH_OFFSET_FIELD, 0)) if manifest is not None else 0
         self.timeout_conf = timeout_conf(timeout)
         fields = [f.name for f in input_schema.fields]
         if event_time is not None and event_time not in fields:
@@ -252,6 +256,7 @@ class StreamRunner:
             # Stable across driver restarts, so a restarted query finds its workers' working stores.
             query_id=xxhash.xxh64_hexdigest(json.dumps([location, self.key_columns, parallelism]).encode()),
             checkpoint_key=self.storage.checkpoint_key,
+            batch_offset=self.batch_offset,
         )
         self._internal_schema = self._with_report(nullable(self.output_schema))
         # A ParquetSink on a local path is written by the tasks themselves: one Spark job per batch.
@@ -405,7 +410,7 @@ class StreamRunner:
         from pyspark.sql import functions as F
 
         started = time.perf_counter()
-        version = int(batch_id)
+        version = int(batch_id) + self.batch_offset
         context, max_event = self.context(version)
         already_committed = self.storage.has_version(version)
         task_sink = self._task_sink
@@ -449,6 +454,7 @@ class StreamRunner:
                             key_types=self.key_types,
                             parallelism=self.parallelism,
                             placement=self.placement,
+                            **({BATCH_OFFSET_FIELD: self.batch_offset} if self.batch_offset else {}),
                         ),
                         retain=self.retain,
                         max_parallelism=self.max_parallelism,
@@ -533,6 +539,9 @@ class StreamRunner:
                 out.append(BatchMetrics.from_record(record))
         return out
 
+
+#: The manifest metadata field that holds :attr:`StreamRunner.batch_offset` (absent: 0).
+BATCH_OFFSET_FIELD = "spark_batch_offset"
 
 #: The field of a batch metrics record that names the query run (``StreamRunner.run_id``) that wrote it.
 RUN_ID_FIELD = "run_id"

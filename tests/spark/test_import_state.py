@@ -1,0 +1,240 @@
+"""Moving a live applyInPandasWithState job's state into opbuffer (import_state) and back out (export_state).
+
+The job: per key, a count and a sum of ``v`` in its state, and an event-time
+GroupState timeout 30 s after the key's latest event, which emits ``n = -1`` and
+removes the state. The first three files run under Spark's own
+applyInPandasWithState; its state is imported; the last two files run under
+run_stream (or LocalRunner). The reference runs all five files under Spark.
+
+Timeouts, with a 10 s watermark delay (seconds of event time):
+
+* ``b`` (timeout 130) fires in Spark's own run, before the import (watermark 131);
+* ``d`` (timeout 148, set under Spark) fires after the import, in the last
+  batch (watermark 150): an imported timer;
+* nothing is due at the end, where Spark runs one more batch without data and
+  run_stream does not.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pandas as pd
+import pytest
+
+from buffering import LocalRunner
+from buffering.spark import export_state, import_state, run_stream
+from checkpoint import CheckpointStorage, CheckpointTrustError
+from checkpoint.export import export_state as export_state_pandas
+
+from .helpers import collect_sink, stream_of, write_batches
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+INPUT = "k string, v long, ts timestamp"
+OUTPUT = "k string, n long, s double"
+STATE = "n long, s double"
+DELAY_MS = 10_000
+KEY = "import-test-key"
+
+
+def counts_with_timeout(key, rows, state):
+    """Count and sum per key; times out 30 s of event time after the key's latest row."""
+    if state.hasTimedOut:
+        state.remove()
+        yield pd.DataFrame({"k": [key[0]], "n": [-1], "s": [0.0]})
+        return
+    n, s = state.get if state.exists else (0, 0.0)
+    latest = None
+    for pdf in rows:
+        n += len(pdf)
+        s += float(pdf["v"].sum())
+        top = int(pd.to_datetime(pdf["ts"]).max().value // 1_000_000)
+        latest = top if latest is None else max(latest, top)
+    state.update((n, s))
+    state.setTimeoutTimestamp(latest + 30_000)
+    yield pd.DataFrame({"k": [key[0]], "n": [n], "s": [s]})
+
+
+def _frame(rows: list[tuple[str, int, int]]) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "k": [k for k, _, _ in rows],
+            "v": [v for _, v, _ in rows],
+            "ts": pd.to_datetime([t for _, _, t in rows], unit="s").astype("datetime64[us]"),
+        }
+    )
+
+
+FRAMES = [
+    _frame([("a", 1, 100), ("b", 2, 100), ("c", 3, 105)]),
+    _frame([("a", 4, 120), ("d", 5, 118)]),
+    _frame([("c", 6, 141)]),
+    # after the import
+    _frame([("a", 7, 150), ("e", 8, 150), ("f", 9, 160)]),
+    _frame([("e", 10, 170), ("a", 11, 165)]),
+]
+FIRST = 3
+
+
+def _spark_query(spark, directory: str, checkpoint: str) -> list[tuple[int, pd.DataFrame]]:
+    out: list[tuple[int, pd.DataFrame]] = []
+    query = (
+        stream_of(spark, directory, INPUT)
+        .withWatermark("ts", "10 seconds")
+        .groupBy("k")
+        .applyInPandasWithState(counts_with_timeout, OUTPUT, STATE, "Update", "EventTimeTimeout")
+        .writeStream.outputMode("update")
+        .foreachBatch(collect_sink(out))
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    return out
+
+
+def _rows(batches) -> list[tuple]:
+    frames = [pdf for _, pdf in batches if len(pdf)]
+    if not frames:
+        return []
+    return sorted(tuple(r) for r in pd.concat(frames)[["k", "n", "s"]].itertuples(index=False, name=None))
+
+
+def _spark_state(spark, checkpoint: str) -> list[tuple]:
+    """(k, n, s, timeout) of every key in a Spark checkpoint, read with Spark's state data source."""
+    frame = spark.read.format("statestore").load(checkpoint)
+    rows = frame.select("key.k", "value.groupState.n", "value.groupState.s", "value.timeoutTimestamp").collect()
+    return sorted(tuple(r) for r in rows)
+
+
+@pytest.fixture(scope="module")
+def live_job(spark, tmp_path_factory):
+    """The first files run under Spark (its checkpoint and outputs) and the all-Spark reference run."""
+    root = tmp_path_factory.mktemp("import-state")
+    first = write_batches(str(root / "first"), FRAMES[:FIRST])
+    everything = write_batches(str(root / "all"), FRAMES)
+    spark_checkpoint = str(root / "spark-first")
+    first_out = _spark_query(spark, first, spark_checkpoint)
+    reference_checkpoint = str(root / "spark-all")
+    reference_out = _spark_query(spark, everything, reference_checkpoint)
+    return {
+        "spark_checkpoint": spark_checkpoint,
+        "first_out": first_out,
+        "reference_out": reference_out,
+        "reference_state": _spark_state(spark, reference_checkpoint),
+        "imported_state": _spark_state(spark, spark_checkpoint),
+    }
+
+
+def _rest_directory(tmp_path) -> str:
+    # The remaining files keep their names and times of the reference run.
+    directory = str(tmp_path / "rest")
+    write_batches(directory, FRAMES)
+    for i in range(FIRST):
+        os.remove(os.path.join(directory, f"part-{i:05d}.parquet"))
+    return directory
+
+
+def _opbuffer_state(checkpoint: str, **kwargs) -> list[tuple]:
+    frame = export_state_pandas(checkpoint, state_schema=STATE, timeout_column="timeout", **kwargs)
+    return sorted(tuple(r) for r in frame.itertuples(index=False, name=None))
+
+
+def test_run_stream_goes_on_from_an_imported_applyinpandaswithstate_job_with_the_same_outputs_and_state(
+    spark, live_job, tmp_path
+):
+    checkpoint = str(tmp_path / "opbuffer")
+    manifest = import_state(spark, live_job["spark_checkpoint"], checkpoint, key="k", state_schema=STATE)
+    assert manifest.version == 0
+    out: list[tuple[int, pd.DataFrame]] = []
+    query = run_stream(
+        stream_of(spark, _rest_directory(tmp_path), INPUT),
+        counts_with_timeout,
+        key="k",
+        output_schema=OUTPUT,
+        checkpoint_location=checkpoint,
+        sink=collect_sink(out),
+        parallelism=2,
+        timeout="event",
+        event_time="ts",
+        watermark_delay_ms=DELAY_MS,
+        state_schema=STATE,
+        trigger={"availableNow": True},
+    )
+    query.awaitTermination()
+    assert [b for b, _ in out] == [1, 2]  # Spark's batches 0 and 1 of the new query: versions 1 and 2
+    assert ("d", -1, 0.0) in _rows(out)  # the timer imported from Spark's state fired
+    assert sorted(_rows(live_job["first_out"]) + _rows(out)) == _rows(live_job["reference_out"])
+    assert _opbuffer_state(checkpoint) == live_job["reference_state"]
+
+
+def test_local_runner_goes_on_from_an_imported_job_with_the_same_outputs_and_state(spark, live_job, tmp_path):
+    checkpoint = str(tmp_path / "opbuffer")
+    import_state(spark, live_job["spark_checkpoint"], checkpoint, parallelism=3)
+    runner = LocalRunner(
+        counts_with_timeout,
+        key="k",
+        checkpoint_location=checkpoint,
+        parallelism=2,
+        timeout="event",
+        event_time="ts",
+        watermark_delay_ms=DELAY_MS,
+        state_schema=STATE,
+    )
+    try:
+        outputs = [(i, runner.process(frame)) for i, frame in enumerate(FRAMES[FIRST:])]
+    finally:
+        runner.close()
+    assert sorted(_rows(live_job["first_out"]) + _rows(outputs)) == _rows(live_job["reference_out"])
+    assert _opbuffer_state(checkpoint) == live_job["reference_state"]
+
+
+def test_imported_state_reads_back_as_the_function_saw_it_under_spark(spark, live_job, tmp_path):
+    checkpoint = str(tmp_path / "opbuffer")
+    import_state(spark, live_job["spark_checkpoint"], checkpoint)
+    runner = LocalRunner(counts_with_timeout, key="k", checkpoint_location=checkpoint, timeout="event", event_time="ts")
+    try:
+        states = runner.state()
+    finally:
+        runner.close()
+    assert states == {(k,): (n, s) for k, n, s, _ in live_job["imported_state"]}
+    assert all(type(n) is int and type(s) is float for n, s in states.values())
+
+
+def test_an_import_with_a_checkpoint_key_is_signed(spark, live_job, tmp_path):
+    checkpoint = str(tmp_path / "opbuffer")
+    import_state(spark, live_job["spark_checkpoint"], checkpoint, checkpoint_key=KEY)
+    with pytest.raises(CheckpointTrustError):
+        CheckpointStorage(checkpoint, checkpoint_key="another-key").read_manifest(0)
+    assert _opbuffer_state(checkpoint, checkpoint_key=KEY) == live_job["imported_state"]
+
+
+def test_export_gives_back_the_state_and_timeouts_spark_had(spark, live_job, tmp_path):
+    checkpoint = str(tmp_path / "opbuffer")
+    import_state(spark, live_job["spark_checkpoint"], checkpoint)
+    exported = export_state(spark, checkpoint, timeout_column="timeout")  # the import recorded the state schema
+    assert exported.schema.simpleString() == "struct<k:string,n:bigint,s:double,timeout:bigint>"
+    assert sorted(tuple(r) for r in exported.collect()) == live_job["imported_state"]
+
+
+def test_import_refuses_a_checkpoint_that_already_has_versions(spark, live_job, tmp_path):
+    checkpoint = str(tmp_path / "opbuffer")
+    import_state(spark, live_job["spark_checkpoint"], checkpoint)
+    with pytest.raises(ValueError, match=r"already holds versions \[0\]"):
+        import_state(spark, live_job["spark_checkpoint"], checkpoint)
+
+
+def test_import_refuses_a_key_other_than_the_spark_query_grouped_by(spark, live_job, tmp_path):
+    with pytest.raises(ValueError, match=r"key=\['user'\], but the Spark query grouped by \['k'\]"):
+        import_state(spark, live_job["spark_checkpoint"], str(tmp_path / "opbuffer"), key="user")
+
+
+def test_import_refuses_a_state_schema_other_than_the_one_spark_stored(spark, live_job, tmp_path):
+    with pytest.raises(ValueError, match=r"but Spark stored the state as struct<n:bigint,s:double>"):
+        import_state(spark, live_job["spark_checkpoint"], str(tmp_path / "opbuffer"), state_schema="n long")
+
+
+def test_import_names_the_operators_of_a_checkpoint_without_the_one_asked_for(spark, live_job, tmp_path):
+    with pytest.raises(ValueError, match=r"no stateful operator 1; it has \[\(0, 'applyInPandasWithState'\)\]"):
+        import_state(spark, live_job["spark_checkpoint"], str(tmp_path / "opbuffer"), operator_id=1)

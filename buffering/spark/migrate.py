@@ -149,6 +149,11 @@ def _operator(spark: Any, spark_checkpoint_location: str, operator_id: int) -> A
             f"(Spark's state metadata cannot be read: {exc})"
         ) from exc
     operators = {int(r["operatorId"]): r for r in rows}
+    if not operators:
+        raise ValueError(
+            f"{spark_checkpoint_location!r} holds no state of a stateful Spark query (Spark's state metadata "
+            "lists no operator): give the checkpointLocation of the applyInPandasWithState query"
+        )
     if operator_id not in operators:
         raise ValueError(
             f"the Spark checkpoint {spark_checkpoint_location!r} has no stateful operator {operator_id}; it has "

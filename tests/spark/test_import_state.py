@@ -12,7 +12,12 @@ Timeouts, with a 10 s watermark delay (seconds of event time):
 * ``d`` (timeout 148, set under Spark) fires after the import, in the last
   batch (watermark 150): an imported timer;
 * nothing is due at the end, where Spark runs one more batch without data and
-  run_stream does not.
+  run_stream does not;
+* ``g`` (event time 105) comes after the import, late for the watermark 131
+  Spark reached before it: dropped only if the watermark came over. (In the
+  reference run Spark runs that batch right after the previous one with data
+  and drops at or before the watermark before it, 110; see the README's
+  documented differences.)
 """
 
 from __future__ import annotations
@@ -71,7 +76,7 @@ FRAMES = [
     _frame([("a", 4, 120), ("d", 5, 118)]),
     _frame([("c", 6, 141)]),
     # after the import
-    _frame([("a", 7, 150), ("e", 8, 150), ("f", 9, 160)]),
+    _frame([("a", 7, 150), ("e", 8, 150), ("f", 9, 160), ("g", 1, 105)]),  # g: late
     _frame([("e", 10, 170), ("a", 11, 165)]),
 ]
 FIRST = 3
@@ -238,3 +243,22 @@ def test_import_refuses_a_state_schema_other_than_the_one_spark_stored(spark, li
 def test_import_names_the_operators_of_a_checkpoint_without_the_one_asked_for(spark, live_job, tmp_path):
     with pytest.raises(ValueError, match=r"no stateful operator 1; it has \[\(0, 'applyInPandasWithState'\)\]"):
         import_state(spark, live_job["spark_checkpoint"], str(tmp_path / "opbuffer"), operator_id=1)
+
+
+def test_cli_import_spark_writes_version_0_that_export_reads_back(spark, live_job, tmp_path, capsys):
+    from checkpoint.__main__ import main
+
+    checkpoint = str(tmp_path / "opbuffer")
+    argv = ["import-spark", live_job["spark_checkpoint"], checkpoint, "--key", "k", "--watermark-delay-ms", "10000"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"as version 0 of {checkpoint}: key ['k'] (string), state (n bigint, s double)" in out
+    assert CheckpointStorage(checkpoint).read_manifest(0).metadata["max_event_time_ms"] == 131_000 + DELAY_MS
+    assert _opbuffer_state(checkpoint) == live_job["imported_state"]
+
+
+def test_cli_import_spark_of_a_directory_without_a_spark_query_fails_with_a_message(spark, tmp_path, capsys):
+    from checkpoint.__main__ import main
+
+    assert main(["import-spark", str(tmp_path / "nothing"), str(tmp_path / "opbuffer")]) == 1
+    assert "holds no state of a stateful Spark query" in capsys.readouterr().err

@@ -119,6 +119,8 @@ class OperatorSpec:
     state: StateConfig = field(default_factory=StateConfig)
     #: Set by :func:`aggregate`: the accumulators are the state, the results are the output.
     aggregations: Optional[Aggregations] = None
+    #: A transformWithStateInPandas ``StatefulProcessor`` (then ``function`` is None).
+    processor: Any = None
 
     def replace(self, **changes: Any) -> "OperatorSpec":
         return dataclasses.replace(self, **changes)
@@ -129,6 +131,10 @@ def spec_of(fn: Any) -> OperatorSpec:
     spec = getattr(fn, "__opbuffer__", None)
     if isinstance(spec, OperatorSpec):
         return spec
+    from .processor import is_processor
+
+    if is_processor(fn):
+        return OperatorSpec(function=None, processor=fn)
     if not callable(fn):
         raise TypeError(f"expected a function (key, rows, state) -> iterator of DataFrames, got {fn!r}")
     return OperatorSpec(function=fn)
@@ -181,6 +187,11 @@ def mini_batch(
 
     def decorate(fn: Any) -> Any:
         spec = spec_of(fn)
+        if spec.processor is not None and combine is not None:
+            raise ValueError(
+                f"combine= is for functions of rows; the processor {type(spec.processor).__name__} "
+                "handles its rows itself"
+            )
         if spec.aggregations is not None:
             if combine is not None:
                 raise ValueError("aggregate() operators combine with their own aggregations; drop combine=")
@@ -213,7 +224,8 @@ def cached_state(
 
 
 def _with_spec(fn: Any, spec: OperatorSpec) -> Any:
-    if isinstance(fn, AggregateOperator):
+    if isinstance(fn, AggregateOperator) or spec.processor is not None:
+        # A copy carries the spec: the user's object stays as it was (Spark still takes either).
         clone = copy.copy(fn)
         clone.__opbuffer__ = spec
         return clone

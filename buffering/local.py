@@ -28,6 +28,7 @@ from state.keys import key_groups_of_longs, normalize_key, normalize_types, spar
 
 from .buffer import factorize_keys
 from .decorators import check_operator_key, spec_of
+from .processor import processor_timeout
 from .frames import concat_frames
 from .operator import OperatorInstance
 from .protocol import check_checkpoint_fits, check_delay_ms, commit_metadata, drop_late_rows, watermark_for
@@ -124,6 +125,10 @@ class LocalRunner:
         state_schema: the state's StructType or DDL string, as applyInPandasWithState takes it:
             a stored state reads back converted as under Spark (an int in a double field is
             null, a datetime in a date field a date). None: state reads back as stored.
+        time_mode: for a transformWithStateInPandas ``StatefulProcessor`` (``fn``): "None",
+            "ProcessingTime" or "EventTime" (needs ``event_time``), as Spark's ``timeMode``.
+        initial_state: for a processor: a pandas DataFrame with the key columns, handed to
+            ``handleInitialState`` per key before the first batch (as Spark's ``initialState``).
 
     A failed ``process``/``advance_time`` leaves state, pending rows and timers at
     the last committed version (without a location the runner keeps a private
@@ -148,10 +153,13 @@ class LocalRunner:
         memory_budget: Optional[int] = None,
         state_schema: Any = None,
         storage_options: Optional[Mapping[str, Any]] = None,
+        time_mode: Optional[str] = None,
+        initial_state: Optional[pd.DataFrame] = None,
     ) -> None:
         self.spec = spec_of(fn)
-        if self.spec.function is None and self.spec.aggregations is None:
+        if self.spec.function is None and self.spec.aggregations is None and self.spec.processor is None:
             raise TypeError(f"{fn!r} has nothing to run")
+        timeout = processor_timeout(self.spec, timeout, time_mode, initial_state)
         self.key_columns = [key] if isinstance(key, str) else list(key)
         if not self.key_columns or not all(isinstance(c, str) for c in self.key_columns):
             raise ValueError(f"key must name one or more columns, got {key!r}")
@@ -193,6 +201,13 @@ class LocalRunner:
             checkpoint_location, storage_options=storage_options, checkpoint_key=checkpoint_key
         )
         self.state_schema = StateSchema.of(state_schema) if state_schema is not None else None
+        if initial_state is not None and not isinstance(initial_state, pd.DataFrame):
+            raise TypeError(f"initial_state must be a pandas DataFrame, got {type(initial_state).__name__}")
+        if initial_state is not None:
+            missing = [c for c in self.key_columns if c not in initial_state.columns]
+            if missing:
+                raise KeyError(f"initial_state lacks the key column(s) {missing} (it has {list(initial_state.columns)})")
+        self.initial_state = initial_state
         self.version: Optional[int] = None
         self._highest_version: Optional[int] = None  # of every version ever committed, set-aside ones too
         self._max_event_time_ms = NO_TIMESTAMP
@@ -321,22 +336,14 @@ class LocalRunner:
         outputs: list[pd.DataFrame] = []
         max_event_time = self._max_event_time_ms
         dropped_late = 0
+        if self.initial_state is not None and self._manifest is None:
+            # Before the first committed version only (a retry of that batch applies it again).
+            for i, part in self._parts(self.initial_state.reset_index(drop=True)):
+                instances[i].apply_initial_state(part, processing_time, watermark)
         if pdf is not None and len(pdf):
             frame, dropped_late, batch_max = drop_late_rows(pdf.reset_index(drop=True), self.event_time, self.timeout_conf, watermark)
             max_event_time = max(max_event_time, batch_max)
-            assert self.key_types is not None
-            groups = key_groups_of(frame, self.key_columns, self.key_types, self.max_parallelism)
-            owners = operator_indexes(groups, self.parallelism, self.max_parallelism)
-            if self.parallelism == 1:
-                parts = [(0, frame)]
-            else:
-                order = np.argsort(owners, kind="stable")
-                sorted_owners = owners[order]
-                parts = []
-                for i in np.unique(sorted_owners).tolist():
-                    lo, hi = np.searchsorted(sorted_owners, [i, i + 1])
-                    parts.append((i, frame.take(order[lo:hi]).reset_index(drop=True)))
-            for i, part in parts:
+            for i, part in self._parts(frame):
                 outputs.extend(instances[i].process(part, processing_time, watermark))
         for instance in instances:
             outputs.extend(instance.end_of_batch(processing_time, watermark))
@@ -367,6 +374,22 @@ class LocalRunner:
             "instances": [instance.stats() for instance in instances],
         }
         return out
+
+    def _parts(self, frame: pd.DataFrame) -> list[tuple[int, pd.DataFrame]]:
+        """``frame``'s rows by the instance that owns their key group."""
+        assert self.key_types is not None
+        # Computed at parallelism 1 too: it checks every key value against its column's type.
+        groups = key_groups_of(frame, self.key_columns, self.key_types, self.max_parallelism)
+        if self.parallelism == 1:
+            return [(0, frame)]
+        owners = operator_indexes(groups, self.parallelism, self.max_parallelism)
+        order = np.argsort(owners, kind="stable")
+        sorted_owners = owners[order]
+        parts = []
+        for i in np.unique(sorted_owners).tolist():
+            lo, hi = np.searchsorted(sorted_owners, [i, i + 1])
+            parts.append((i, frame.take(order[lo:hi]).reset_index(drop=True)))
+        return parts
 
     def _next_version(self) -> int:
         """After the restored version and above every version ever committed (numbers are never reused)."""

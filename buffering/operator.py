@@ -33,6 +33,7 @@ from state.timers import TimerService
 from .buffer import MiniBatchBuffer
 from .protocol import call_function
 from .decorators import OperatorSpec
+from .processor import ProcessorRuntime
 
 STATE_TABLE = "state"
 PENDING_TABLE = "pending"
@@ -176,10 +177,22 @@ class OperatorInstance:
         config = spec.state
         self._files = _WorkingFiles()
         self._finalizer = weakref.finalize(self, self._files.release)
+        # A transformWithStateInPandas processor: one table per state variable, each behind its cache.
+        self.processor: Optional[ProcessorRuntime] = None
+        if spec.processor is not None:
+            self.processor = ProcessorRuntime(
+                spec.processor,
+                key_columns=key_columns,
+                key_types=key_types,
+                timeout_conf=timeout_conf,
+                make_cache=lambda table, name: self._make_cache(table, f"{name}[{index}/{parallelism}]"),
+            )
+        self._manager = manager
         # The working store: RocksDB when asked for, or whenever checkpoints are written
         # (the checkpoint reads key-group ranges from it); "memory" then means an
-        # unbounded cache in front of it, so all state stays in memory.
-        if config.store == "rocksdb" or storage is not None:
+        # unbounded cache in front of it, so all state stays in memory. A processor's
+        # tables are always in RocksDB (its map and list entries are read by key range).
+        if config.store == "rocksdb" or storage is not None or self.processor is not None:
             if workdir is None:
                 base = config.path
                 if base is None:
@@ -216,18 +229,10 @@ class OperatorInstance:
                 f"memory_budget={manager.max_bytes} bounds caches in front of RocksDB working stores, but this "
                 "instance keeps its state in memory: use cached_state(store='rocksdb') or a checkpoint location"
             )
-        if config.cached or manager is not None or (config.store == "memory" and isinstance(state_table, RocksDBStore)):
-            # With a manager (the runner's memory_budget) the manager grants the byte bound.
-            self.cache = WriteBackCache(
-                state_table,
-                max_entries=config.max_entries,
-                max_bytes=config.max_bytes,
-                policy=config.policy,
-                low_watermark=config.low_watermark,
-                high_watermark=config.high_watermark,
-                manager=manager,
-                name=f"state[{index}/{parallelism}]",
-            )
+        if self.processor is None and (
+            config.cached or manager is not None or (config.store == "memory" and isinstance(state_table, RocksDBStore))
+        ):
+            self.cache = self._make_cache(state_table, f"state[{index}/{parallelism}]")
         self.state: Store = self.cache if self.cache is not None else state_table
         self.timers = TimerService(self.tables[TIMERS_TABLE])
         self.buffer = MiniBatchBuffer(self.key_columns, spec.mini_batch, key_types)
@@ -236,10 +241,38 @@ class OperatorInstance:
         self._pending_keys: set[NormalizedKey] = set()
         self.suspended = False
 
+    def _make_cache(self, table: Store, name: str) -> WriteBackCache:
+        """A cache in front of ``table`` with the operator's bounds (a manager, if any, grants the bytes)."""
+        config = self.spec.state
+        return WriteBackCache(
+            table,
+            max_entries=config.max_entries,
+            max_bytes=config.max_bytes,
+            policy=config.policy,
+            low_watermark=config.low_watermark,
+            high_watermark=config.high_watermark,
+            manager=self._manager,
+            name=name,
+        )
+
+    @property
+    def caches(self) -> list[WriteBackCache]:
+        """Every state cache of this instance (the state's, or one per processor variable)."""
+        caches = [self.cache] if self.cache is not None else []
+        if self.processor is not None:
+            caches.extend(self.processor.caches)
+        return caches
+
+    def _flush_caches(self) -> None:
+        for cache in self.caches:
+            cache.flush()
+
     def _open_working_store(self) -> RocksDBStore:
         assert self.workdir is not None
         root = RocksDBStore(self.workdir, max_parallelism=self.max_parallelism, key_types=self._key_types, table=STATE_TABLE)
         tables = {STATE_TABLE: root, **{name: root.table(name) for name in (PENDING_TABLE, TIMERS_TABLE)}}
+        if self.processor is not None:
+            tables.update(self.processor.bind(root))
         self.tables.update(tables)
         self._raw = dict(tables)
         for raw in self._raw.values():
@@ -266,8 +299,7 @@ class OperatorInstance:
         if self.workdir is None:
             raise TypeError("only an instance with a RocksDB working store can be suspended")
         self._save_pending()
-        if self.cache is not None:
-            self.cache.flush()
+        self._flush_caches()
         self._root.close()
         self.suspended = True
 
@@ -304,6 +336,8 @@ class OperatorInstance:
 
     def _reload_from_tables(self) -> None:
         self.timers.reload()
+        if self.processor is not None:
+            self.processor.reload()
         pending = [(normalize_key(k), v) for k, v in self.tables[PENDING_TABLE].items()]
         self.buffer.restore(iter(pending))
         self._pending_keys = {nkey for nkey, _ in pending}
@@ -321,8 +355,7 @@ class OperatorInstance:
         """Persist pending rows, flush the cache, and write this instance's task file of ``version``."""
         assert self.storage is not None
         self._save_pending()
-        if self.cache is not None:
-            self.cache.flush()
+        self._flush_caches()
         changes = {name: raw.drain_changes() for name, raw in self._raw.items()}
         writer = CheckpointWriter(self.storage, key_groups=self.key_groups, task=f"{self.index}of{self.parallelism}")
         report = writer.write(version, self._raw, changes, previous)
@@ -396,6 +429,8 @@ class OperatorInstance:
         items = list(self.buffer.drain())
         if not items:
             return []
+        if self.processor is not None:
+            return self._flush_processor(items, processing_time_ms, watermark_ms)
         keys = [nkey for nkey, _ in items]
         values = self.state.get_many(keys)  # one batched read: cache hits, one multi-get for misses
         outputs: list[pd.DataFrame] = []
@@ -417,8 +452,50 @@ class OperatorInstance:
         self.metrics.rows_out += len(keys)
         return [aggs.results_frame(dict(zip(keys, merged)), self.key_columns, keys)]
 
+    def _flush_processor(
+        self, items: list[tuple[NormalizedKey, pd.DataFrame]], processing_time_ms: int, watermark_ms: int
+    ) -> list[pd.DataFrame]:
+        runtime = self.processor
+        assert runtime is not None
+        runtime.set_times(processing_time_ms, watermark_ms if self.watermark_present else NO_TIMESTAMP)
+        outputs: list[pd.DataFrame] = []
+        for nkey, rows in items:
+            frames = runtime.handle_rows(nkey, rows)
+            self.metrics.calls += 1
+            for frame in frames:
+                self.metrics.rows_out += len(frame)
+            outputs.extend(frames)
+        return outputs
+
+    def apply_initial_state(self, frame: pd.DataFrame, processing_time_ms: int, watermark_ms: int) -> None:
+        """``handleInitialState`` for each key of ``frame`` (this instance's keys, before its first batch)."""
+        runtime = self.processor
+        if runtime is None:
+            raise TypeError("initial_state is for a transformWithStateInPandas processor")
+        runtime.set_times(processing_time_ms, watermark_ms if self.watermark_present else NO_TIMESTAMP)
+        if not len(frame):
+            return
+        by = self.key_columns if len(self.key_columns) > 1 else self.key_columns[0]
+        for key, rows in frame.groupby(by, sort=False, dropna=False):
+            runtime.handle_initial_state(normalize_key(key), rows.reset_index(drop=True))
+
+    def _fire_processor_timers(self, processing_time_ms: int, watermark_ms: int) -> list[pd.DataFrame]:
+        """Expired timers (handleExpiredTimer), then the TTL sweep."""
+        runtime = self.processor
+        assert runtime is not None
+        runtime.set_times(processing_time_ms, watermark_ms if self.watermark_present else NO_TIMESTAMP)
+        fired = runtime.fired
+        outputs = runtime.fire_timers()
+        self.metrics.timeouts += runtime.fired - fired
+        for frame in outputs:
+            self.metrics.rows_out += len(frame)
+        runtime.sweep()
+        return outputs
+
     def fire_timers(self, processing_time_ms: int, watermark_ms: int) -> list[pd.DataFrame]:
         """Call the function with ``hasTimedOut`` for every key whose timeout passed."""
+        if self.processor is not None:
+            return self._fire_processor_timers(processing_time_ms, watermark_ms)
         if self.timeout_conf == GroupStateTimeout.ProcessingTimeTimeout:
             threshold = processing_time_ms
         elif self.timeout_conf == GroupStateTimeout.EventTimeTimeout and watermark_ms != NO_TIMESTAMP:
@@ -501,6 +578,9 @@ class OperatorInstance:
         }
         if self.cache is not None:
             out["cache"] = self.cache.stats()
+        if self.processor is not None:
+            out["caches"] = {cache.cache_name: cache.stats() for cache in self.processor.caches}
+            out["timers"] = len(self.processor.timers)
         return out
 
     def discard(self) -> None:
@@ -521,8 +601,12 @@ class OperatorInstance:
         temporary one.
         """
         try:
-            if not self.suspended and self.cache is not None:
-                self.cache.close()  # flushes and closes the root store's table
+            if not self.suspended:
+                if self.processor is not None:
+                    self._flush_caches()
+                    self.processor.close()
+                if self.cache is not None:
+                    self.cache.close()  # flushes and closes the root store's table
         finally:
             self._finalizer()
 

@@ -32,7 +32,16 @@ from rocksdict import (
 from .base import MISSING, Store, StoreClosedError, StoreError, StoreLockedError
 from .raw import KEY_GROUP_BYTES
 from .keygroups import DEFAULT_MAX_PARALLELISM
-from .keys import NormalizedKey, decode_key, denormalize_key, encode_key, normalize_key, spark_hash, spark_hash_longs
+from .keys import (
+    NormalizedKey,
+    decode_key,
+    denormalize_key,
+    encode_key,
+    key_columns,
+    normalize_key,
+    spark_hash,
+    spark_hash_longs,
+)
 from .serializers import Serializer
 
 _pack_le_q = struct.Struct("<q").pack
@@ -51,6 +60,14 @@ def _int_key_record() -> "Any":
 
 #: Layout of a one-column long key in RocksDB: key group, element tag, big-endian long.
 _INT_KEY_RECORD = _int_key_record()
+
+
+def _next_prefix(prefix: bytes) -> bytes:
+    """The least byte string above every string that starts with ``prefix`` (an iterate upper bound)."""
+    trimmed = prefix.rstrip(b"\xff")
+    if not trimmed:
+        raise ValueError("a prefix of 0xff bytes only has no upper bound")
+    return trimmed[:-1] + bytes([trimmed[-1] + 1])
 
 
 def _kg_prefix(key_group: int) -> bytes:
@@ -168,6 +185,12 @@ class RocksDBStore(Store):
             (about 1.3 bytes per key with the bloom filter): charged to a small cache they
             made random reads many times slower.
         bloom_bits_per_key: bloom filter bits per key (0 disables it).
+        group_columns: for a table of composite keys (a grouping key followed by more
+            columns, e.g. a map entry's user key), the number of leading columns that
+            are the grouping key: the key group, and so the instance that owns the entry
+            after any rescale, comes from those columns alone, and all entries of one
+            grouping key are adjacent (see :meth:`iter_prefix`). ``key_types`` then
+            types the grouping columns. None: the whole key is the grouping key.
     """
 
     batches_writes = True
@@ -183,6 +206,7 @@ class RocksDBStore(Store):
         wal: bool = False,
         block_cache_bytes: int = 64 << 20,
         bloom_bits_per_key: float = 10,
+        group_columns: int | None = None,
         _database: _Database | None = None,
     ) -> None:
         super().__init__(name=table, max_parallelism=max_parallelism, key_types=key_types, serializer=serializer)
@@ -203,7 +227,11 @@ class RocksDBStore(Store):
         self._cf, self._handle = _database.column_family(table)
         _database.tables[table] = self
         self._prefixes = [_kg_prefix(g) for g in range(self.max_parallelism)]
-        self._single_long = self.key_types is None or self.key_types in (("long",), ("bigint",))
+        if group_columns is not None and (isinstance(group_columns, bool) or not isinstance(group_columns, int) or group_columns < 1):
+            raise ValueError(f"group_columns must be a positive int or None, got {group_columns!r}")
+        self.group_columns = group_columns
+        # The packed fast path hashes a whole one-column long key; a composite key never is one.
+        self._single_long = group_columns is None and (self.key_types is None or self.key_types in (("long",), ("bigint",)))
         self._changed: set[bytes] | None = None
 
     # ------------------------------------------------------------ key bytes
@@ -214,8 +242,46 @@ class RocksDBStore(Store):
             if h >= 9223372036854775808:
                 h -= 18446744073709551616
             return self._prefixes[h % self.max_parallelism] + b"\x01" + _pack_be_q(nkey)
-        h = spark_hash(nkey, self.key_types)
+        if self.group_columns is not None:
+            columns = key_columns(nkey)
+            if len(columns) <= self.group_columns:
+                raise ValueError(
+                    f"key {denormalize_key(nkey)!r} of table {self.name!r} needs more than its "
+                    f"{self.group_columns} grouping column(s)"
+                )
+            h = spark_hash(columns[: self.group_columns], self.key_types)
+        else:
+            h = spark_hash(nkey, self.key_types)
         return self._prefixes[h % self.max_parallelism] + encode_key(nkey)
+
+    def _group_prefix(self, group_key: Any) -> bytes:
+        """Raw bytes every key of ``group_key`` starts with (a table with ``group_columns``)."""
+        if self.group_columns is None:
+            raise StoreError(f"table {self.name!r} has no grouping columns: it was opened without group_columns")
+        ngroup = key_columns(normalize_key(group_key))
+        if len(ngroup) != self.group_columns:
+            raise ValueError(
+                f"grouping key {denormalize_key(ngroup)!r} has {len(ngroup)} column(s); table {self.name!r} "
+                f"groups by {self.group_columns}"
+            )
+        h = spark_hash(ngroup, self.key_types)
+        return self._prefixes[h % self.max_parallelism] + encode_key(ngroup)
+
+    def iter_prefix(self, group_key: Any, limit: int | None = None) -> Iterator[tuple[NormalizedKey, Any]]:
+        """``(normalized key, value)`` of every entry of ``group_key``, in key order (at most ``limit``).
+
+        O(log n + entries of the group): one seek, then a range scan bounded by the prefix.
+        """
+        prefix = self._group_prefix(group_key)
+        options = ReadOptions()
+        options.set_iterate_upper_bound(_next_prefix(prefix))
+        loads = self.serializer.loads
+        count = 0
+        for raw_key, raw_value in self._cf.items(from_key=prefix, read_opt=options):
+            if limit is not None and count >= limit:
+                return
+            count += 1
+            yield decode_key(raw_key, _KG_BYTES), loads(raw_value)
 
     def _encode_many(self, nkeys: Sequence[NormalizedKey]) -> list[bytes]:
         """Raw keys of many normalized keys; one-column long keys are hashed and packed with numpy."""
@@ -408,11 +474,16 @@ class RocksDBStore(Store):
             self._cf.compact_range(lower, upper)
 
     # ------------------------------------------------------------ lifecycle
-    def table(self, name: str) -> "RocksDBStore":
+    def table(self, name: str, group_columns: int | None = None) -> "RocksDBStore":
+        """The sibling table ``name`` of this database (opened once; see ``group_columns`` in the class doc)."""
         if self._database.closed:
             raise StoreClosedError(f"RocksDBStore at {self.path!r} is closed")
         existing = self._database.tables.get(name)
         if existing is not None:
+            if existing.group_columns != group_columns:
+                raise ValueError(
+                    f"table {name!r} is open with group_columns={existing.group_columns!r}, not {group_columns!r}"
+                )
             return existing
         return RocksDBStore(
             self.path,
@@ -420,6 +491,7 @@ class RocksDBStore(Store):
             key_types=self.key_types,
             serializer=self.serializer,
             table=name,
+            group_columns=group_columns,
             _database=self._database,
         )
 

@@ -94,6 +94,8 @@ class TaskPlan:
     #: Spark's micro-batch ``b`` writes version ``b + batch_offset`` (not 0 for an imported checkpoint,
     #: see ``StreamRunner.batch_offset``).
     batch_offset: int = 0
+    #: A processor's initial state (pandas), applied to each instance before the first version.
+    initial_state: Any = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -325,6 +327,10 @@ def _run_task(
             instance, starts[index] = _workers.instance_for(plan, storage, index, context)
             instances[index] = instance
             before[index] = _counters(instance)
+            if plan.initial_state is not None and context.previous_version is None:
+                instance.apply_initial_state(
+                    _rows_of_instance(plan, plan.initial_state, index), context.processing_time_ms, context.watermark_ms
+                )
         return instance
 
     if 0 <= partition_id < plan.parallelism:
@@ -382,7 +388,7 @@ def _run_task(
             checkpoint_bytes=float(report.bytes),
             checkpoint_seconds=checkpoint_seconds,
             pending_keys=float(len(instance.buffer)),
-            timers=float(len(instance.timers)),
+            timers=float(instance.stats()["timers"]),
         )
         reports.append(InstanceReport(instance=index, start=starts[index], report=report, metrics=metrics))
     # Hand the working stores over only once every instance has checkpointed.
@@ -533,3 +539,12 @@ def _normalized_keys(frame: pd.DataFrame, key_columns: list[str]) -> list[Any]:
     if len(key_columns) == 1:
         return [normalize_key(v) for v in frame[key_columns[0]].tolist()]
     return [normalize_key(tuple(row)) for row in frame[key_columns].itertuples(index=False, name=None)]
+
+
+def _rows_of_instance(plan: TaskPlan, frame: pd.DataFrame, index: int) -> pd.DataFrame:
+    """The rows of ``frame`` whose keys instance ``index`` owns."""
+    if not len(frame):
+        return frame
+    groups = key_groups_of(frame, plan.key_columns, plan.key_types, plan.max_parallelism)
+    owners = operator_indexes(groups, plan.parallelism, plan.max_parallelism)
+    return frame.loc[owners == index].reset_index(drop=True)

@@ -31,18 +31,21 @@ When every aggregation of a mapping combiner (``aggregate`` or
 each key's rows first (``groupBy(key).agg(...)``, partial aggregation before
 its shuffle), so each key reaches Python as one row (``combine_before_shuffle``).
 
-Nothing at module level imports pyspark, so :func:`process_partition` is
-testable with plain pandas frames.
+Nothing at module level needs a SparkSession, so :func:`process_partition`
+is testable with plain pandas frames.
 """
 
 from __future__ import annotations
 
 import functools
+import os
+import shutil
+import tempfile
 import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -54,7 +57,9 @@ from state.keys import NormalizedKey, normalize_key
 from ..aggregations import Aggregations, First, Last
 from ..decorators import OperatorSpec, check_operator_key, spec_of
 from ..frames import concat_frames
-from ..protocol import call_function
+from ..protocol import call_function, spark_key
+from ..processor import processor_timeout
+from state import RocksDBStore, WriteBackCache
 from ..buffer import _object_column
 from ._plan import _quoted, is_connect, key_list, key_types_of, operator_index_sql, output_schema_for
 from ._sql_combine import SqlPartial, sql_exprs, sql_partials
@@ -104,6 +109,10 @@ def process_partition(plan: BoundedPlan, batches: Iterable[pd.DataFrame]) -> Ite
     if spec.aggregations is not None:
         yield from _aggregate_partition(plan, spec.aggregations, batches)
         return
+    if spec.processor is not None:
+        with _ProcessorKeys(plan) as run_key:
+            yield from _rows_partition(plan, batches, run_key)
+        return
     config = spec.mini_batch
     aggs = config.aggregations if config is not None else None
     if aggs is not None:
@@ -128,8 +137,12 @@ def _keys_at(frame: pd.DataFrame, key_columns: Sequence[str], rows: np.ndarray) 
     return [normalize_key(values) for values in zip(*columns)]
 
 
-def _rows_partition(plan: BoundedPlan, batches: Iterable[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-    """Plain functions (and callable combiners): each complete key's rows in one call."""
+def _rows_partition(
+    plan: BoundedPlan, batches: Iterable[pd.DataFrame], run_key: Optional[Callable[..., list[pd.DataFrame]]] = None
+) -> Iterator[pd.DataFrame]:
+    """Plain functions, callable combiners and processors: each complete key's rows in one call."""
+    if run_key is None:
+        run_key = _run_key
     key_columns = plan.key_columns
     carry_key: Optional[NormalizedKey] = None
     carry: list[pd.DataFrame] = []
@@ -148,17 +161,17 @@ def _rows_partition(plan: BoundedPlan, batches: Iterable[pd.DataFrame]) -> Itera
                 first = 1
                 if len(keys) == 1:
                     continue  # the whole batch belongs to the carried key
-            outputs.extend(_run_key(plan, carry_key, carry))
+            outputs.extend(run_key(plan, carry_key, carry))
             carry_key, carry = None, []
         last = len(keys) - 1
         for i in range(first, last):
-            outputs.extend(_run_key(plan, keys[i], [frame.iloc[bounds[i] : bounds[i + 1]]]))
+            outputs.extend(run_key(plan, keys[i], [frame.iloc[bounds[i] : bounds[i + 1]]]))
         if last >= first:
             carry_key, carry = keys[last], [frame.iloc[bounds[last] :]]
         if outputs:
             yield _output(plan, outputs)
     if carry_key is not None:
-        outputs = _run_key(plan, carry_key, carry)
+        outputs = run_key(plan, carry_key, carry)
         if outputs:
             yield _output(plan, outputs)
 
@@ -234,6 +247,60 @@ def _run_key(plan: BoundedPlan, nkey: NormalizedKey, frames: list[pd.DataFrame])
     return _call(plan, nkey, rows)
 
 
+class _ProcessorKeys:
+    """A processor over one partition's keys, one key at a time (``with ... as run_key``).
+
+    The variables live in a temporary RocksDB behind small caches. After a
+    key's rows, its input has ended: every timer it registered fires, in time
+    order (as a GroupState timeout does here), then its state is dropped.
+    """
+
+    def __init__(self, plan: BoundedPlan) -> None:
+        from ..processor import ProcessorRuntime
+
+        self._dir = tempfile.mkdtemp(prefix="opbuffer-batch-")
+        self._root = RocksDBStore(os.path.join(self._dir, "db"), key_types=plan.key_types, table="unused")
+        self.runtime = ProcessorRuntime(
+            plan.spec.processor,
+            key_columns=plan.key_columns,
+            key_types=plan.key_types,
+            timeout_conf=plan.timeout_conf,
+            make_cache=lambda table, name: WriteBackCache(table, max_entries=10_000, name=name),
+        )
+        self.runtime.bind(self._root)
+        self.runtime.set_times(plan.processing_time_ms, NO_TIMESTAMP)
+
+    def __enter__(self) -> Callable[..., list[pd.DataFrame]]:
+        return self.run_key
+
+    def run_key(self, plan: BoundedPlan, nkey: NormalizedKey, frames: list[pd.DataFrame]) -> list[pd.DataFrame]:
+        from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo
+
+        from ..protocol import output_frames
+
+        rows = frames[0].reset_index(drop=True) if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+        runtime = self.runtime
+        out = runtime.handle_rows(nkey, rows)
+        for timestamp in runtime.timers.list(nkey):
+            runtime.timers.delete(nkey, timestamp)
+            runtime.set_key(nkey)
+            result = runtime.processor.handleExpiredTimer(
+                spark_key(nkey, plan.key_types), runtime.timer_values(), ExpiredTimerInfo(timestamp)
+            )
+            out.extend(output_frames(nkey, result))
+        runtime.set_key(nkey)
+        for variable in runtime.variables.values():
+            variable.drop_all()
+        return out
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.runtime.close()
+        finally:
+            self._root.close()
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+
 def _call(plan: BoundedPlan, nkey: NormalizedKey, rows: pd.DataFrame) -> list[pd.DataFrame]:
     """Call the function with the key's rows and fresh state; fire a timeout it set; drop the state."""
     function = plan.spec.function
@@ -294,6 +361,7 @@ def run_batch(
     timeout: str = "none",
     combine_before_shuffle: Optional[bool] = None,
     progress: bool = True,
+    time_mode: Optional[str] = None,
 ) -> "DataFrame":
     """Run an opbuffer operator over a batch DataFrame, sort-based, with state for one key at a time.
 
@@ -311,6 +379,9 @@ def run_batch(
             streaming runner routes them.
         timeout: ``"none"``, ``"processing"`` or ``"event"``: the GroupState
             timeout mode, so ``fn`` may set timeouts.
+        time_mode: for a transformWithStateInPandas ``StatefulProcessor`` (``fn``): "None",
+            "ProcessingTime" or "EventTime". Each key is processed once; when its rows end,
+            every timer it registered fires (in time order) and its state is dropped.
         combine_before_shuffle: with a mapping combiner (``aggregate(...)`` or
             ``mini_batch(combine={...})``), let Spark SQL combine each key's rows
             (``groupBy(key).agg(...)``: partial aggregation before the shuffle)
@@ -360,8 +431,9 @@ def run_batch(
             "(use buffering.spark.run_stream for streams)"
         )
     spec = spec_of(fn)
-    if spec.function is None and spec.aggregations is None:
+    if spec.function is None and spec.aggregations is None and spec.processor is None:
         raise TypeError(f"run_batch: {fn!r} has nothing to run")
+    timeout = processor_timeout(spec, timeout, time_mode, None)
     key_columns = key_list(key)
     check_operator_key(fn, key_columns)
     key_types_of(df.schema, key_columns)  # missing or unsupported key columns

@@ -39,6 +39,7 @@ from state.group_state import NO_TIMESTAMP, GroupStateTimeout, timeout_conf
 from state.keygroups import DEFAULT_MAX_PARALLELISM, check_max_parallelism
 
 from ..decorators import check_operator_key, spec_of
+from ..processor import processor_timeout
 from ..protocol import check_checkpoint_fits, commit_metadata, watermark_for
 from . import _task
 from ._sql_combine import sql_exprs, sql_partials
@@ -165,14 +166,18 @@ class StreamRunner:
         state_schema: Any = None,
         placement: Optional[str] = None,
         new_placement: str = "batch",
+        time_mode: Optional[str] = None,
+        initial_state: Any = None,
     ) -> None:
         for name, value in (("placement", placement), ("new_placement", new_placement)):
             if value is not None and value not in PLACEMENTS:
                 raise ValueError(f"{name} must be one of {list(PLACEMENTS)}, got {value!r}")
         self.spec = spec_of(fn)
         self.memory_budget = check_memory_budget(memory_budget)
-        if self.spec.function is None and self.spec.aggregations is None:
+        if self.spec.function is None and self.spec.aggregations is None and self.spec.processor is None:
             raise TypeError(f"{fn!r} has nothing to run")
+        timeout = processor_timeout(self.spec, timeout, time_mode, initial_state)
+        initial_frame = _initial_state_frame(initial_state, key_list(key))
         self.key_columns = key_list(key)
         check_operator_key(fn, self.key_columns)
         self.key_types = key_types_of(input_schema, self.key_columns)
@@ -257,6 +262,7 @@ class StreamRunner:
             query_id=xxhash.xxh64_hexdigest(json.dumps([location, self.key_columns, parallelism]).encode()),
             checkpoint_key=self.storage.checkpoint_key,
             batch_offset=self.batch_offset,
+            initial_state=initial_frame,
         )
         self._internal_schema = self._with_report(nullable(self.output_schema))
         # A ParquetSink on a local path is written by the tasks themselves: one Spark job per batch.
@@ -702,13 +708,16 @@ def run_stream(
     memory_budget: Optional[int] = None,
     state_schema: Any = None,
     placement: Optional[str] = None,
+    time_mode: Optional[str] = None,
+    initial_state: Any = None,
 ) -> Any:
     """Run ``fn`` over the streaming DataFrame ``df``, keyed by ``key``, exactly-once; returns the started query.
 
     Args:
         df: a streaming DataFrame (``spark.readStream...``).
-        fn: an ``applyInPandasWithState``-shaped function, decorated or not, or
-            ``buffering.aggregate(...)``.
+        fn: an ``applyInPandasWithState``-shaped function, decorated or not,
+            ``buffering.aggregate(...)``, or a transformWithStateInPandas
+            ``StatefulProcessor`` (its state variables in opbuffer's caches and checkpoints).
         key: the key column(s).
         output_schema: StructType or DDL string of fn's output (inferred for aggregate()).
         checkpoint_location: where state versions live (local path or fsspec URL).
@@ -768,6 +777,11 @@ def run_stream(
             operations too). Under Spark Connect the jobs foreachBatch starts carry
             no micro-batch id, so the hosted tasks read the batch the driver records
             as running (``CheckpointStorage.record_running_batch``).
+        time_mode: for a ``StatefulProcessor``: "None", "ProcessingTime" or "EventTime"
+            (needs ``event_time``), as Spark's ``timeMode``; a processor takes no ``timeout``.
+        initial_state: for a ``StatefulProcessor``: a static DataFrame (Spark or pandas) with
+            the key columns; before the first batch of a new checkpoint each key's rows go to
+            ``handleInitialState``. It is collected on the driver and shipped with the task plan.
 
     The returned query is Spark's StreamingQuery (wrapped: :class:`OpbufferQuery`) and also has
     ``batch_metrics`` and ``last_batch_metrics``.
@@ -819,6 +833,8 @@ def run_stream(
         state_schema=state_schema,
         placement=placement,
         new_placement=_new_placement(spark) if placement is None else placement,
+        time_mode=time_mode,
+        initial_state=initial_state,
     )
     spark_checkpoint = _spark_checkpoint(checkpoint_location, spark_checkpoint_location)
     stream, partitions = df, None
@@ -843,3 +859,18 @@ def run_stream(
     finally:
         spark.conf.set("spark.sql.shuffle.partitions", before)
     return OpbufferQuery(query, runner, connect=connect)
+
+
+def _initial_state_frame(initial_state: Any, key_columns: list[str]) -> Any:
+    """A processor's initial state as one pandas DataFrame (collected from a Spark DataFrame)."""
+    import pandas as pd
+
+    if initial_state is None:
+        return None
+    if getattr(initial_state, "isStreaming", False):
+        raise ValueError("initial_state must be a static DataFrame, not a streaming one")
+    frame = initial_state if isinstance(initial_state, pd.DataFrame) else initial_state.toPandas()
+    missing = [c for c in key_columns if c not in frame.columns]
+    if missing:
+        raise KeyError(f"initial_state lacks the key column(s) {missing} (it has {list(frame.columns)})")
+    return frame

@@ -40,8 +40,10 @@ from .stream import BATCH_OFFSET_FIELD
 
 #: The metadata field of an imported version that says where it came from.
 IMPORTED_FIELD = "imported_from"
-#: Spark's name of the operator whose state import_state reads.
+#: Spark's names of the operators whose state import_state reads.
 APPLY_IN_PANDAS_WITH_STATE = "applyInPandasWithState"
+TRANSFORM_WITH_STATE_IN_PANDAS = "transformWithStateInPandasExec"
+_OPERATORS = (APPLY_IN_PANDAS_WITH_STATE, TRANSFORM_WITH_STATE_IN_PANDAS)
 
 _KEY_PREFIX = "__opbuffer_k"
 _STATE_PREFIX = "__opbuffer_s"
@@ -67,6 +69,8 @@ class _ImportSettings:
     state_schema: Optional[StateSchema] = None
     spec: OperatorSpec = field(default_factory=lambda: OperatorSpec(function=None))
     timeout_conf: str = GroupStateTimeout.NoTimeout
+    #: For a processor: (column, state variable name) of each variable's column.
+    variables: tuple[tuple[str, str], ...] = ()
     event_time: Optional[str] = None
 
 
@@ -96,6 +100,14 @@ def _write_instances(settings: _ImportSettings, batches: Iterator[Any]) -> Itera
         workdir = os.path.join(settings.workdir, f"import-{index}-of-{settings.parallelism}-{os.getpid()}")
     instance = OperatorInstance.for_runner(settings, index, storage=storage, manager=None, workdir=workdir)
     try:
+        if instance.processor is not None:
+            # Through the handle API, as the processor writes: each variable's table and layout.
+            instance.processor.set_times(int(time.time() * 1000), NO_TIMESTAMP)  # TTLs run from the import
+            for batch in batches:
+                _write_processor_rows(settings, instance, batch)
+            report = instance.checkpoint(settings.version, None)
+            yield pa.RecordBatch.from_pydict({_REPORT: [json.dumps(report.to_dict())]})
+            return
         # Straight into the working RocksDB tables, not through the cache: the state of a
         # partition need not fit in memory. The timers' in-memory index is rebuilt on restore.
         states = instance.tables[STATE_TABLE]
@@ -120,6 +132,188 @@ def _write_instances(settings: _ImportSettings, batches: Iterator[Any]) -> Itera
     finally:
         instance.close()
     yield pa.RecordBatch.from_pydict({_REPORT: [json.dumps(report.to_dict())]})
+
+
+def _check_key(key: Sequence[str] | str | None, spark_key: list[str]) -> None:
+    if key is not None:
+        wanted = [key] if isinstance(key, str) else list(key)
+        if wanted != spark_key:
+            raise ValueError(f"key={wanted!r}, but the Spark query grouped by {spark_key!r}")
+
+
+def _function_import(
+    reader: Any, where: str, operator_id: int, key: Any, state_schema: Any, common: dict[str, Any]
+) -> tuple[Any, list[str], list[str], tuple[str, ...], "_ImportSettings", list[tuple[str, str]]]:
+    """The rows of an applyInPandasWithState operator's state: key columns, state items, present, timeout."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructType
+
+    frame = reader().load(where)
+    fields = {f.name: f.dataType for f in frame.schema.fields}
+    value_type = fields.get("value")
+    if not isinstance(fields.get("key"), StructType) or not isinstance(value_type, StructType) or "groupState" not in value_type.fieldNames():
+        raise ValueError(
+            f"the state of operator {operator_id} in {where!r} is not shaped as "
+            f"applyInPandasWithState's (key, value.groupState, value.timeoutTimestamp): {frame.schema.simpleString()}"
+        )
+    key_type: StructType = fields["key"]
+    spark_key = key_type.fieldNames()
+    _check_key(key, spark_key)
+    group_state = value_type["groupState"].dataType
+    spark_schema = StateSchema.of(group_state)
+    if state_schema is not None:
+        given = StateSchema.of(state_schema)
+        if [(n, _canonical_type(t)) for n, t in given.fields] != [(n, _canonical_type(t)) for n, t in spark_schema.fields]:
+            raise ValueError(f"state_schema={state_schema!r}, but Spark stored the state as {group_state.simpleString()}")
+    key_types = key_types_of(key_type, spark_key)
+    timed = "timeoutTimestamp" in value_type.fieldNames()
+    key_aliases = [f"{_KEY_PREFIX}{i}" for i in range(len(spark_key))]
+    state_names = group_state.fieldNames()
+    columns = [F.col("key").getField(name).alias(alias) for name, alias in zip(spark_key, key_aliases)]
+    columns += [F.col("value.groupState").getField(name).alias(f"{_STATE_PREFIX}{i}") for i, name in enumerate(state_names)]
+    columns.append(F.col("value.groupState").isNotNull().alias(f"{_STATE_PREFIX}present"))
+    columns.append((F.col("value.timeoutTimestamp") if timed else F.lit(NO_TIMESTAMP)).cast("long").alias(_TIMEOUT))
+    settings = _ImportSettings(key_columns=spark_key, key_types=key_types, state_fields=len(state_names), **common)
+    return frame.select(*columns), spark_key, key_aliases, key_types, settings, list(spark_schema.fields)
+
+
+#: Spark's state variable types (state-metadata's operatorProperties) and opbuffer's variable kinds.
+_VARIABLE_KINDS = {"ValueState": "value", "ListState": "list", "MapState": "map"}
+_VARIABLE_COLUMN = "__opbuffer_var"
+_TIMER_VARIABLE = "$timers"
+
+
+def _processor_import(
+    reader: Any, where: str, operator: Any, processor: Any, key: Any, common: dict[str, Any]
+) -> tuple[Any, list[str], list[str], tuple[str, ...], "_ImportSettings"]:
+    """One DataFrame of a transformWithStateInPandas operator's state: a row per value, list, map entry and timer.
+
+    Each row has the key columns, the variable's name (``_VARIABLE_COLUMN``) and the
+    variable's own column(s) (``__opbuffer_s{i}``: a value, a whole list, or a map
+    entry's key; ``__opbuffer_s{i}v``: the map entry's value); the other variables'
+    columns are null.
+    """
+    from pyspark.sql import functions as F
+    from ..decorators import spec_of
+    from ..processor import processor_timeout
+    from state.group_state import timeout_conf
+
+    props = json.loads(operator["operatorProperties"] or "{}")
+    time_mode = str(props.get("timeMode", "None"))
+    variables = [(str(v["stateName"]), str(v["stateVariableType"]), bool(v.get("ttlEnabled"))) for v in props.get("stateVariables", [])]
+    spec = spec_of(processor)
+    if spec.processor is None:
+        raise TypeError(f"processor= must be a pyspark StatefulProcessor, got {type(processor).__name__}")
+    timeout = timeout_conf(processor_timeout(spec, "none", time_mode, None))
+    kinds = _processor_kinds(spec, timeout)
+    frames = []
+    spark_key: Optional[list[str]] = None
+    key_type = None
+    for i, (name, var_type, _ttl) in enumerate(variables):
+        if var_type == "TimerState":
+            frame = reader().option("readRegisteredTimers", "true").load(where)
+            body = [F.col("expiration_timestamp_ms").cast("long").alias(_TIMEOUT)]
+            label = _TIMER_VARIABLE
+        else:
+            kind = _VARIABLE_KINDS.get(var_type)
+            if kind is None:
+                raise ValueError(f"state variable {name!r} of {where!r} is a {var_type}, which import_state cannot read")
+            if kinds.get(name) != kind:
+                raise ValueError(
+                    f"the Spark query's state variable {name!r} is a {var_type}, but the processor's init() "
+                    f"creates {({n: k + ' state' for n, k in kinds.items()})!r}"
+                )
+            frame = reader().option("stateVarName", name)
+            if kind == "list":  # one row per key with its whole list, in order
+                frame = frame.option("flattenCollectionTypes", "false")
+            frame = frame.load(where)
+            names = [f.name for f in frame.schema.fields if f.name not in ("key", "partition_id")]
+            if kind == "map":
+                body = [F.col("user_map_key").alias(f"{_STATE_PREFIX}{i}"), F.col("user_map_value").alias(f"{_STATE_PREFIX}{i}v")]
+            else:
+                body = [F.col(names[0]).alias(f"{_STATE_PREFIX}{i}")]
+            label = name
+        if spark_key is None:
+            key_type = frame.schema["key"].dataType
+            spark_key = key_type.fieldNames()
+        key_aliases = [f"{_KEY_PREFIX}{j}" for j in range(len(spark_key))]
+        keys = [F.col("key").getField(n).alias(a) for n, a in zip(spark_key, key_aliases)]
+        frames.append(frame.select(*keys, F.lit(label).alias(_VARIABLE_COLUMN), *body))
+    if not frames or spark_key is None:
+        raise ValueError(f"operator {operator['operatorId']} of {where!r} has no state variables to import")
+    _check_key(key, spark_key)
+    missing = sorted(set(kinds) - {name for name, _, _ in variables})
+    if missing:
+        raise ValueError(f"the processor's state variables {missing} are not in the Spark query's state {[v[0] for v in variables]}")
+    union = frames[0]
+    for frame in frames[1:]:
+        union = union.unionByName(frame, allowMissingColumns=True)
+    # A fixed column order, whatever the union made of it: keys, variable, then by name.
+    key_aliases = [f"{_KEY_PREFIX}{j}" for j in range(len(spark_key))]
+    rest = sorted(c for c in union.columns if c not in key_aliases and c != _VARIABLE_COLUMN)
+    union = union.select(*key_aliases, _VARIABLE_COLUMN, *rest)
+    key_types = key_types_of(key_type, spark_key)
+    settings = _ImportSettings(
+        key_columns=spark_key,
+        key_types=key_types,
+        state_fields=0,
+        spec=spec,
+        timeout_conf=timeout,
+        variables=tuple((f"{_STATE_PREFIX}{i}", name) for i, (name, var_type, _) in enumerate(variables) if var_type != "TimerState"),
+        **common,
+    )
+    return union, spark_key, key_aliases, key_types, settings
+
+
+def _processor_kinds(spec: OperatorSpec, timeout: str) -> dict[str, str]:
+    """The state variables the processor's ``init()`` creates, by name: "value", "list" or "map"."""
+    from ..processor import ProcessorRuntime
+
+    runtime = ProcessorRuntime(
+        spec.processor, key_columns=["k"], key_types=None, timeout_conf=timeout, make_cache=lambda table, name: None
+    )
+    directory = tempfile.mkdtemp(prefix="opbuffer-import-")
+    from state import RocksDBStore
+
+    root = RocksDBStore(os.path.join(directory, "db"), table=STATE_TABLE)
+    try:
+        runtime.bind(root)
+        return {name: variable.kind for name, variable in runtime.variables.items()}
+    finally:
+        root.close()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _write_processor_rows(settings: "_ImportSettings", instance: OperatorInstance, batch: Any) -> None:
+    """Put one Arrow batch of :func:`_processor_import` rows through the processor's handle API."""
+    runtime = instance.processor
+    assert runtime is not None
+    names = batch.schema.names
+    n_keys = len(settings.key_columns)
+    data = {name: batch.column(i).to_pylist() for i, name in enumerate(names)}
+    keys = [normalize_key(k) for k in zip(*(data[names[j]] for j in range(n_keys)))]
+    columns = dict(settings.variables)  # variable name by its column
+    by_name = {name: column for column, name in settings.variables}
+    for row, nkey in enumerate(keys):
+        label = data[_VARIABLE_COLUMN][row]
+        if label == _TIMER_VARIABLE:
+            runtime.timers.register(nkey, int(data[_TIMEOUT][row]))
+            continue
+        column = by_name[label]
+        variable = runtime.variables[columns[column]]
+        runtime.set_key(nkey)
+        value = data[column][row]
+        if variable.kind == "value":
+            variable.update(_row_tuple(value))
+        elif variable.kind == "list":
+            variable.put([_row_tuple(v) for v in value or []])
+        else:
+            variable.updateValue(_row_tuple(value), _row_tuple(data[column + "v"][row]))
+
+
+def _row_tuple(value: Any) -> tuple:
+    """A struct read through Arrow (a dict) as the tuple the processor saw under Spark."""
+    return tuple(_python_value(v) for v in value.values()) if isinstance(value, dict) else tuple(value)
 
 
 def _read_spark_watermark(spark: Any, spark_checkpoint_location: str, batch_id: int) -> int:
@@ -160,10 +354,10 @@ def _operator(spark: Any, spark_checkpoint_location: str, operator_id: int) -> A
             f"{sorted((i, r['operatorName']) for i, r in operators.items())}"
         )
     row = operators[operator_id]
-    if row["operatorName"] != APPLY_IN_PANDAS_WITH_STATE:
+    if row["operatorName"] not in _OPERATORS:
         raise ValueError(
             f"operator {operator_id} of {spark_checkpoint_location!r} is {row['operatorName']!r}; import_state "
-            f"reads the state of {APPLY_IN_PANDAS_WITH_STATE!r} (give operator_id= of that operator)"
+            f"reads the state of {' or '.join(map(repr, _OPERATORS))} (give operator_id= of such an operator)"
         )
     return row
 
@@ -175,6 +369,7 @@ def import_state(
     *,
     key: Sequence[str] | str | None = None,
     state_schema: Any = None,
+    processor: Any = None,
     operator_id: int = 0,
     batch_id: Optional[int] = None,
     parallelism: Optional[int] = None,
@@ -235,7 +430,6 @@ def import_state(
     ``checkpoint_location`` already holds versions.
     """
     from pyspark.sql import functions as F
-    from pyspark.sql.types import StructType
 
     check_max_parallelism(max_parallelism)
     location = checkpoint_location if isinstance(checkpoint_location, str) else os.fspath(checkpoint_location)
@@ -252,44 +446,11 @@ def import_state(
         parallelism = min(int(operator["numPartitions"]), max_parallelism)
     if isinstance(parallelism, bool) or not isinstance(parallelism, int) or not 1 <= parallelism <= max_parallelism:
         raise ValueError(f"parallelism must be an int in [1, max_parallelism={max_parallelism}], got {parallelism!r}")
-    frame = (
-        spark.read.format("statestore")
-        .option("operatorId", operator_id)
-        .option("batchId", batch_id)
-        .load(spark_checkpoint_location)
-    )
-    fields = {f.name: f.dataType for f in frame.schema.fields}
-    value_type = fields.get("value")
-    if not isinstance(fields.get("key"), StructType) or not isinstance(value_type, StructType) or "groupState" not in value_type.fieldNames():
-        raise ValueError(
-            f"the state of operator {operator_id} in {spark_checkpoint_location!r} is not shaped as "
-            f"applyInPandasWithState's (key, value.groupState, value.timeoutTimestamp): {frame.schema.simpleString()}"
-        )
-    key_type: StructType = fields["key"]
-    spark_key = key_type.fieldNames()
-    if key is not None:
-        wanted = [key] if isinstance(key, str) else list(key)
-        if wanted != spark_key:
-            raise ValueError(f"key={wanted!r}, but the Spark query grouped by {spark_key!r}")
-    group_state = value_type["groupState"].dataType
-    spark_schema = StateSchema.of(group_state)
-    if state_schema is not None:
-        given = StateSchema.of(state_schema)
-        if [(n, _canonical_type(t)) for n, t in given.fields] != [(n, _canonical_type(t)) for n, t in spark_schema.fields]:
-            raise ValueError(f"state_schema={state_schema!r}, but Spark stored the state as {group_state.simpleString()}")
-    key_types = key_types_of(key_type, spark_key)
-    timed = "timeoutTimestamp" in value_type.fieldNames()
-    key_aliases = [f"{_KEY_PREFIX}{i}" for i in range(len(spark_key))]
-    state_names = group_state.fieldNames()
-    columns = [F.col("key").getField(name).alias(alias) for name, alias in zip(spark_key, key_aliases)]
-    columns += [F.col("value.groupState").getField(name).alias(f"{_STATE_PREFIX}{i}") for i, name in enumerate(state_names)]
-    columns.append(F.col("value.groupState").isNotNull().alias(f"{_STATE_PREFIX}present"))
-    columns.append((F.col("value.timeoutTimestamp") if timed else F.lit(NO_TIMESTAMP)).cast("long").alias(_TIMEOUT))
-    flat = frame.select(*columns)
-    settings = _ImportSettings(
-        key_columns=spark_key,
-        key_types=key_types,
-        state_fields=len(state_names),
+    def reader() -> Any:
+        # A new reader each time: a DataFrameReader's option() changes the reader itself.
+        return spark.read.format("statestore").option("operatorId", operator_id).option("batchId", batch_id)
+
+    common = dict(
         parallelism=parallelism,
         max_parallelism=max_parallelism,
         version=0,
@@ -298,6 +459,25 @@ def import_state(
         checkpoint_key=storage.checkpoint_key,
         workdir=workdir,
     )
+    if operator["operatorName"] == TRANSFORM_WITH_STATE_IN_PANDAS:
+        if processor is None:
+            raise ValueError(
+                f"operator {operator_id} of {spark_checkpoint_location!r} is a transformWithStateInPandas "
+                "processor's: give processor= (the StatefulProcessor the job runs)"
+            )
+        flat, spark_key, key_aliases, key_types, settings = _processor_import(
+            reader, spark_checkpoint_location, operator, processor, key, common
+        )
+        schema_fields = None
+    else:
+        if processor is not None:
+            raise ValueError(
+                f"processor= is for a transformWithStateInPandas query; operator {operator_id} of "
+                f"{spark_checkpoint_location!r} is {operator['operatorName']!r}"
+            )
+        flat, spark_key, key_aliases, key_types, settings, schema_fields = _function_import(
+            reader, spark_checkpoint_location, operator_id, key, state_schema, common
+        )
     # Each row to the partition of its operator instance, as run_stream routes a batch's rows.
     routed = flat.withColumn("__opbuffer_op", F.expr(operator_index_sql(key_aliases, parallelism, max_parallelism)))
     routed = routed.repartitionById(parallelism, "__opbuffer_op").drop("__opbuffer_op")
@@ -323,7 +503,7 @@ def import_state(
             **{
                 # Spark's micro-batch 0 of the new query is version 1.
                 BATCH_OFFSET_FIELD: 1,
-                STATE_SCHEMA_FIELD: [list(f) for f in spark_schema.fields],
+                **({STATE_SCHEMA_FIELD: [list(f) for f in schema_fields]} if schema_fields else {}),
                 IMPORTED_FIELD: {
                     "spark_checkpoint_location": spark_checkpoint_location,
                     "operator_id": operator_id,

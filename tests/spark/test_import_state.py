@@ -27,6 +27,8 @@ import os
 import pandas as pd
 import pytest
 
+from pyspark.sql.streaming import StatefulProcessor
+
 from buffering import LocalRunner
 from buffering.spark import export_state, import_state, run_stream
 from checkpoint import CheckpointStorage, CheckpointTrustError
@@ -262,3 +264,115 @@ def test_cli_import_spark_of_a_directory_without_a_spark_query_fails_with_a_mess
 
     assert main(["import-spark", str(tmp_path / "nothing"), str(tmp_path / "opbuffer")]) == 1
     assert "holds no state of a stateful Spark query" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- a transformWithStateInPandas processor
+
+
+class CountsListsMaps(StatefulProcessor):
+    """A count (ValueState), the values in order (ListState), a count per value (MapState), a 30 s event-time timer."""
+
+    def init(self, handle):
+        self.handle = handle
+        self.count = handle.getValueState("count", "n long")
+        self.recent = handle.getListState("recent", "v long")
+        self.per_value = handle.getMapState("per_value", "v long", "c long")
+
+    def handleInputRows(self, key, rows, timerValues):
+        n = self.count.get()[0] if self.count.exists() else 0
+        latest = None
+        for pdf in rows:
+            for v in pdf["v"].tolist():
+                n += 1
+                self.recent.appendValue((v,))
+                seen = self.per_value.getValue((v,))
+                self.per_value.updateValue((v,), ((seen[0] if seen else 0) + 1,))
+            top = int(pd.to_datetime(pdf["ts"]).max().value // 1_000_000)
+            latest = top if latest is None else max(latest, top)
+        self.count.update((n,))
+        for timer in list(self.handle.listTimers()):
+            self.handle.deleteTimer(timer)
+        self.handle.registerTimer(latest + 30_000)
+        recent = ",".join(str(r[0]) for r in self.recent.get())
+        yield pd.DataFrame({"k": [key[0]], "n": [n], "recent": [recent], "kinds": [len(list(self.per_value.keys()))]})
+
+    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):
+        self.count.clear()
+        self.recent.clear()
+        self.per_value.clear()
+        yield pd.DataFrame({"k": [key[0]], "n": [-1], "recent": [""], "kinds": [0]})
+
+    def close(self):
+        pass
+
+
+TWS_OUTPUT = "k string, n long, recent string, kinds long"
+TWS_FRAMES = [frame[frame["k"] != "g"].reset_index(drop=True) for frame in FRAMES]  # no late row: see above
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+
+def _tws_query(spark, directory: str, checkpoint: str) -> list[tuple[int, pd.DataFrame]]:
+    out: list[tuple[int, pd.DataFrame]] = []
+    conf = "spark.sql.streaming.stateStore.providerClass"
+    before = spark.conf.get(conf)
+    spark.conf.set(conf, ROCKSDB)  # transformWithState needs it; the query keeps it in its checkpoint
+    try:
+        query = (
+            stream_of(spark, directory, INPUT)
+            .withWatermark("ts", "10 seconds")
+            .groupBy("k")
+            .transformWithStateInPandas(CountsListsMaps(), TWS_OUTPUT, "Update", "EventTime")
+            .writeStream.outputMode("update")
+            .foreachBatch(collect_sink(out))
+            .option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
+    finally:
+        spark.conf.set(conf, before)
+    query.awaitTermination()
+    return out
+
+
+def _tws_rows(batches) -> list[tuple]:
+    frames = [pdf for _, pdf in batches if len(pdf)]
+    return sorted(tuple(r) for r in pd.concat(frames)[["k", "n", "recent", "kinds"]].itertuples(index=False, name=None))
+
+
+def test_run_stream_goes_on_from_an_imported_transformwithstateinpandas_job_with_the_same_outputs(spark, tmp_path):
+    first = write_batches(str(tmp_path / "first"), TWS_FRAMES[:FIRST])
+    spark_checkpoint = str(tmp_path / "spark-first")
+    first_out = _tws_query(spark, first, spark_checkpoint)
+    reference_out = _tws_query(spark, write_batches(str(tmp_path / "all"), TWS_FRAMES), str(tmp_path / "spark-all"))
+    rest = str(tmp_path / "rest")
+    write_batches(rest, TWS_FRAMES)
+    for i in range(FIRST):
+        os.remove(os.path.join(rest, f"part-{i:05d}.parquet"))
+    checkpoint = str(tmp_path / "opbuffer")
+    import_state(spark, spark_checkpoint, checkpoint, key="k", processor=CountsListsMaps(), watermark_delay_ms=DELAY_MS)
+    out: list[tuple[int, pd.DataFrame]] = []
+    query = run_stream(
+        stream_of(spark, rest, INPUT),
+        CountsListsMaps(),
+        key="k",
+        output_schema=TWS_OUTPUT,
+        checkpoint_location=checkpoint,
+        sink=collect_sink(out),
+        parallelism=2,
+        time_mode="EventTime",
+        event_time="ts",
+        watermark_delay_ms=DELAY_MS,
+        trigger={"availableNow": True},
+    )
+    query.awaitTermination()
+    assert ("d", -1, "", 0) in _tws_rows(out)  # the timer imported from Spark's state fired
+    assert ("a", 4, "1,4,7,11", 4) in _tws_rows(out)  # the list and map came over whole, in order
+    assert sorted(_tws_rows(first_out) + _tws_rows(out)) == _tws_rows(reference_out)
+
+
+def test_import_of_a_processors_state_needs_the_processor(spark, tmp_path):
+    first = write_batches(str(tmp_path / "first"), TWS_FRAMES[:1])
+    spark_checkpoint = str(tmp_path / "spark-first")
+    _tws_query(spark, first, spark_checkpoint)
+    with pytest.raises(ValueError, match=r"give processor= \(the StatefulProcessor the job runs\)"):
+        import_state(spark, spark_checkpoint, str(tmp_path / "opbuffer"))

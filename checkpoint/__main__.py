@@ -176,6 +176,11 @@ def _parser() -> argparse.ArgumentParser:
     imp.add_argument("location", help="the new opbuffer checkpoint: a local path or an fsspec URL (must hold no version)")
     imp.add_argument("--key", action="append", default=None, metavar="COLUMN", help="check the grouping column(s) (repeatable)")
     imp.add_argument("--state-schema", default=None, metavar="DDL", help="check the state schema, e.g. 'views long'")
+    imp.add_argument(
+        "--processor", default=None, metavar="MODULE:NAME",
+        help="for a transformWithStateInPandas query: the StatefulProcessor class (or instance) the job runs, "
+        "imported from MODULE (e.g. jobs.counts:CountsProcessor)",
+    )
     imp.add_argument("--operator-id", type=int, default=0, help="the stateful operator of the query (default: 0)")
     imp.add_argument("--batch-id", type=int, default=None, help="the committed Spark batch to read (default: latest)")
     imp.add_argument("--parallelism", type=int, default=None, help="instances written (default: Spark's partitions)")
@@ -231,6 +236,19 @@ def _export(args: argparse.Namespace, storage_options: dict[str, Any] | None, ke
     return 0
 
 
+def _load_processor(text: str) -> Any:
+    """``MODULE:NAME``: the object NAME of MODULE, instantiated when it is a class."""
+    import importlib
+
+    module_name, sep, name = text.partition(":")
+    if not sep or not module_name or not name:
+        raise ValueError("give MODULE:NAME, e.g. jobs.counts:CountsProcessor")
+    value = importlib.import_module(module_name)
+    for part in name.split("."):
+        value = getattr(value, part)
+    return value() if isinstance(value, type) else value
+
+
 def _import_spark(args: argparse.Namespace, storage_options: dict[str, Any] | None, key: bytes | None) -> int:
     try:
         from pyspark.sql import SparkSession
@@ -253,6 +271,14 @@ def _import_spark(args: argparse.Namespace, storage_options: dict[str, Any] | No
             builder = builder.master(args.master)
         spark = builder.getOrCreate()
     options: dict[str, Any] = {}
+    if args.processor is not None:
+        try:
+            options["processor"] = _load_processor(args.processor)
+        except (ImportError, AttributeError, ValueError, TypeError) as exc:
+            if owned:
+                spark.stop()
+            print(f"error: --processor {args.processor!r}: {exc}", file=sys.stderr)
+            return 2
     if args.max_parallelism is not None:
         options["max_parallelism"] = args.max_parallelism
     try:
@@ -278,12 +304,14 @@ def _import_spark(args: argparse.Namespace, storage_options: dict[str, Any] | No
             spark.stop()
     meta = manifest.metadata
     source = meta.get("imported_from", {})
+    records = sum(int(t.get("records", 0)) for t in manifest.tasks)
+    fields = meta.get("state_schema")
+    state = f"state ({', '.join(f'{n} {t}' for n, t in fields)}), " if fields else ""
     _print(
-        f"imported {sum(int(t.get('records', 0)) for t in manifest.tasks)} records (states and timers) of Spark batch {source.get('batch_id')} "
+        f"imported {records} records (states and timers) of Spark batch {source.get('batch_id')} "
         f"(operator {source.get('operator_id')}, watermark {source.get('spark_watermark_ms')} ms) as version "
         f"{manifest.version} of {args.location}: key {meta.get('key_columns')} ({', '.join(meta.get('key_types', []))}), "
-        f"state ({', '.join(f'{n} {t}' for n, t in meta.get('state_schema', []))}), "
-        f"{manifest.max_parallelism} key groups"
+        f"{state}{manifest.max_parallelism} key groups"
     )
     return 0
 

@@ -339,17 +339,27 @@ def _tws_rows(batches) -> list[tuple]:
     return sorted(tuple(r) for r in pd.concat(frames)[["k", "n", "recent", "kinds"]].itertuples(index=False, name=None))
 
 
-def test_run_stream_goes_on_from_an_imported_transformwithstateinpandas_job_with_the_same_outputs(spark, tmp_path):
-    first = write_batches(str(tmp_path / "first"), TWS_FRAMES[:FIRST])
-    spark_checkpoint = str(tmp_path / "spark-first")
-    first_out = _tws_query(spark, first, spark_checkpoint)
-    reference_out = _tws_query(spark, write_batches(str(tmp_path / "all"), TWS_FRAMES), str(tmp_path / "spark-all"))
+@pytest.fixture(scope="module")
+def tws_job(spark, tmp_path_factory):
+    """The first files under Spark's transformWithStateInPandas, and the all-Spark reference run."""
+    root = tmp_path_factory.mktemp("import-tws")
+    spark_checkpoint = str(root / "spark-first")
+    first_out = _tws_query(spark, write_batches(str(root / "first"), TWS_FRAMES[:FIRST]), spark_checkpoint)
+    reference_out = _tws_query(spark, write_batches(str(root / "all"), TWS_FRAMES), str(root / "spark-all"))
+    return {"spark_checkpoint": spark_checkpoint, "first_out": first_out, "reference_out": reference_out}
+
+
+def test_run_stream_goes_on_from_an_imported_transformwithstateinpandas_job_with_the_same_outputs(
+    spark, tws_job, tmp_path
+):
     rest = str(tmp_path / "rest")
     write_batches(rest, TWS_FRAMES)
     for i in range(FIRST):
         os.remove(os.path.join(rest, f"part-{i:05d}.parquet"))
     checkpoint = str(tmp_path / "opbuffer")
-    import_state(spark, spark_checkpoint, checkpoint, key="k", processor=CountsListsMaps(), watermark_delay_ms=DELAY_MS)
+    import_state(
+        spark, tws_job["spark_checkpoint"], checkpoint, key="k", processor=CountsListsMaps(), watermark_delay_ms=DELAY_MS
+    )
     out: list[tuple[int, pd.DataFrame]] = []
     query = run_stream(
         stream_of(spark, rest, INPUT),
@@ -367,12 +377,52 @@ def test_run_stream_goes_on_from_an_imported_transformwithstateinpandas_job_with
     query.awaitTermination()
     assert ("d", -1, "", 0) in _tws_rows(out)  # the timer imported from Spark's state fired
     assert ("a", 4, "1,4,7,11", 4) in _tws_rows(out)  # the list and map came over whole, in order
-    assert sorted(_tws_rows(first_out) + _tws_rows(out)) == _tws_rows(reference_out)
+    assert sorted(_tws_rows(tws_job["first_out"]) + _tws_rows(out)) == _tws_rows(tws_job["reference_out"])
 
 
-def test_import_of_a_processors_state_needs_the_processor(spark, tmp_path):
-    first = write_batches(str(tmp_path / "first"), TWS_FRAMES[:1])
-    spark_checkpoint = str(tmp_path / "spark-first")
-    _tws_query(spark, first, spark_checkpoint)
+def test_local_runner_goes_on_from_an_imported_processor_with_the_same_outputs(spark, tws_job, tmp_path):
+    checkpoint = str(tmp_path / "opbuffer")
+    import_state(spark, tws_job["spark_checkpoint"], checkpoint, processor=CountsListsMaps(), watermark_delay_ms=DELAY_MS)
+    runner = LocalRunner(
+        CountsListsMaps(), key="k", checkpoint_location=checkpoint, time_mode="EventTime", event_time="ts",
+        watermark_delay_ms=DELAY_MS,
+    )
+    try:
+        outputs = [(i, runner.process(frame)) for i, frame in enumerate(TWS_FRAMES[FIRST:])]
+    finally:
+        runner.close()
+    assert sorted(_tws_rows(tws_job["first_out"]) + _tws_rows(outputs)) == _tws_rows(tws_job["reference_out"])
+
+
+def test_import_of_a_processors_state_needs_the_processor(spark, tws_job, tmp_path):
     with pytest.raises(ValueError, match=r"give processor= \(the StatefulProcessor the job runs\)"):
-        import_state(spark, spark_checkpoint, str(tmp_path / "opbuffer"))
+        import_state(spark, tws_job["spark_checkpoint"], str(tmp_path / "opbuffer"))
+
+
+class OnlyACount(StatefulProcessor):
+    def init(self, handle):
+        self.count = handle.getValueState("count", "n long")
+        self.recent = handle.getMapState("recent", "v long", "c long")
+
+    def handleInputRows(self, key, rows, timerValues):
+        yield pd.DataFrame()
+
+    def close(self):
+        pass
+
+
+def test_import_refuses_a_processor_whose_variables_are_of_other_kinds(spark, tws_job, tmp_path):
+    # Spark lists the variables in no fixed order: either mismatch is named first.
+    wanted = r"but the processor's init\(\) creates \{'count': 'value state', 'recent': 'map state'\}"
+    with pytest.raises(ValueError, match=wanted):
+        import_state(spark, tws_job["spark_checkpoint"], str(tmp_path / "opbuffer"), processor=OnlyACount())
+
+
+def test_cli_import_spark_of_a_processors_state_takes_the_processor_class(spark, tws_job, tmp_path, capsys):
+    from checkpoint.__main__ import main
+
+    checkpoint = str(tmp_path / "opbuffer")
+    processor = "tests.spark.test_import_state:CountsListsMaps"
+    assert main(["import-spark", tws_job["spark_checkpoint"], checkpoint, "--processor", processor]) == 0
+    assert f"as version 0 of {checkpoint}: key ['k'] (string), " in capsys.readouterr().out
+    assert CheckpointStorage(checkpoint).read_manifest(0).tables  # the processor's tables were written

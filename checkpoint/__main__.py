@@ -5,7 +5,8 @@
   a version's state as a table, one row per key (key columns, then the state's fields);
 * ``import-spark SPARK_CHECKPOINT LOCATION [--key COL] [--state-schema DDL] [--operator-id N] [--batch-id N]
   [--parallelism N] [--max-parallelism N] [--watermark-delay-ms MS] [--master URL | --remote sc://...]``:
-  a stopped applyInPandasWithState query's state as version 0 of a new checkpoint
+  [--processor MODULE:NAME]: a stopped applyInPandasWithState or transformWithStateInPandas query's state
+  as version 0 of a new checkpoint
   (:func:`buffering.spark.import_state`; the only command that needs pyspark, imported then);
 
 each with ``[--checkpoint-key-file F] [--storage-options JSON|@FILE] [--storage-option KEY=VALUE ...]``.
@@ -166,10 +167,11 @@ def _parser() -> argparse.ArgumentParser:
 
     imp = sub.add_parser(
         "import-spark",
-        help="write the state of a stopped applyInPandasWithState query as version 0 of a new checkpoint (needs pyspark)",
-        description="Read the state of a stopped applyInPandasWithState query from its Spark checkpoint (Spark's "
-        "state data source) and write it, with its GroupState timeouts, as version 0 of a new opbuffer "
-        "checkpoint; run_stream (with a new Spark checkpoint) or LocalRunner then go on from it. Runs a "
+        help="write the state of a stopped applyInPandasWithState or transformWithStateInPandas query as version 0 "
+        "of a new checkpoint (needs pyspark)",
+        description="Read the state of a stopped applyInPandasWithState or transformWithStateInPandas query from its "
+        "Spark checkpoint (Spark's state data source) and write it, with its timeouts or timers, as version 0 of a "
+        "new opbuffer checkpoint; run_stream (with a new Spark checkpoint) or LocalRunner then go on from it. Runs a "
         "Spark application (--master, or --remote for Spark Connect).",
     )
     imp.add_argument("spark_checkpoint", help="the stopped query's checkpointLocation")

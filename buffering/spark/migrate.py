@@ -1,7 +1,8 @@
-"""Moving a live job's state in and out: Spark's ``applyInPandasWithState`` checkpoint <-> opbuffer's.
+"""Moving a live job's state in and out: a Spark query's checkpoint <-> opbuffer's.
 
-* :func:`import_state` reads the state of an ``applyInPandasWithState`` query from
-  its Spark checkpoint with Spark's state data source (``format("statestore")``)
+* :func:`import_state` reads the state of an ``applyInPandasWithState`` or
+  ``transformWithStateInPandas`` query from its Spark checkpoint with Spark's
+  state data source (``format("statestore")``)
   and writes it as a version of an opbuffer checkpoint, the way run_stream's
   tasks write theirs (one task file per operator instance, written by Spark
   tasks, then a manifest committed by the driver). ``run_stream`` (with a new
@@ -379,11 +380,17 @@ def import_state(
     checkpoint_key: str | bytes | None = None,
     workdir: Optional[str] = None,
 ) -> Manifest:
-    """Write the state of a stopped ``applyInPandasWithState`` query as version 0 of a new opbuffer checkpoint.
+    """Write the state of a stopped Spark query as version 0 of a new opbuffer checkpoint.
 
-    Reads Spark's checkpoint with the state data source (``spark.read.format("statestore")``):
-    each key's state (the tuple the function gave ``state.update``, as it read it back
-    under Spark) and its GroupState timeout, which becomes the key's timer. The
+    Reads Spark's checkpoint with the state data source (``spark.read.format("statestore")``).
+    Of an ``applyInPandasWithState`` operator: each key's state (the tuple the function
+    gave ``state.update``, as it read it back under Spark) and its GroupState timeout,
+    which becomes the key's timer. Of a ``transformWithStateInPandas`` operator
+    (``processor=``): every state variable Spark's state metadata lists (each
+    ValueState value, each ListState list whole and in order, each MapState entry)
+    and every registered timer, written through the processor's own handle
+    (``update``, ``put``, ``updateValue``, ``registerTimer``) on the operator
+    instances; a variable with a TTL starts its TTL at the import. The
     version is written as run_stream writes a batch: Spark tasks (one per operator
     instance) each write their task file, then this driver commits the manifest
     (signed with ``checkpoint_key``). Then:
@@ -411,7 +418,10 @@ def import_state(
         key: the grouping columns, to check against Spark's (default: Spark's key names).
         state_schema: the query's state schema (StructType or DDL), to check against the
             one Spark stored (default: Spark's). It is recorded with the version, so
-            :func:`export_state` needs none for it.
+            :func:`export_state` needs none for it. (applyInPandasWithState only.)
+        processor: for a transformWithStateInPandas query: the ``StatefulProcessor`` the
+            job runs (decorated with ``cached_state`` or not). Its ``init()`` must create
+            the variables Spark's state holds, of the same kinds.
         operator_id: which stateful operator of the query (Spark's numbering, from 0).
         batch_id: the committed Spark batch whose state to read (default: the latest).
         parallelism: operator instances of the written version (default: the Spark
@@ -425,9 +435,10 @@ def import_state(
         workdir: where the tasks' temporary RocksDB stores go (default: the temp dir).
 
     Returns the committed manifest (version 0). Raises ValueError naming the
-    offending value when the Spark checkpoint has no such operator, the operator
-    is not applyInPandasWithState, ``key``/``state_schema`` differ from Spark's, or
-    ``checkpoint_location`` already holds versions.
+    offending value when the Spark checkpoint has no such operator, the operator is
+    neither applyInPandasWithState nor transformWithStateInPandas, ``key``,
+    ``state_schema`` or the processor's variables differ from Spark's, a processor's
+    state comes without ``processor=``, or ``checkpoint_location`` already holds versions.
     """
     from pyspark.sql import functions as F
 

@@ -2,7 +2,8 @@
 
 * ``inspect LOCATION [--version N] [--verify] [--json] [--no-key-groups]``: what a location holds;
 * ``export LOCATION OUTPUT [--version N] [--state-schema DDL] [--timeout-column NAME] [--format parquet|csv]``:
-  a version's state as a table, one row per key (key columns, then the state's fields);
+  a version's state as a table, one row per key (key columns, then the state's fields); with
+  ``--processor MODULE:NAME`` a processor's state, one file per state variable in the directory OUTPUT;
 * ``import-spark SPARK_CHECKPOINT LOCATION [--key COL] [--state-schema DDL] [--operator-id N] [--batch-id N]
   [--parallelism N] [--max-parallelism N] [--watermark-delay-ms MS] [--master URL | --remote sc://...]``:
   [--processor MODULE:NAME]: a stopped applyInPandasWithState or transformWithStateInPandas query's state
@@ -161,6 +162,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     export.add_argument("--timeout-column", default=None, metavar="NAME", help="add each key's timeout (epoch ms) as NAME")
     export.add_argument("--format", choices=("parquet", "csv"), default=None, help="default: from OUTPUT's suffix")
+    export.add_argument(
+        "--processor", default=None, metavar="MODULE:NAME",
+        help="a transformWithStateInPandas processor's checkpoint: the StatefulProcessor class (or instance); "
+        "OUTPUT is then a directory that gets one file per state variable, and timers.<format> (needs pyspark)",
+    )
     _add_access_options(
         export, "verify the manifest's signature with the key in FILE (default: $OPBUFFER_CHECKPOINT_KEY, if set)"
     )
@@ -221,6 +227,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _export(args: argparse.Namespace, storage_options: dict[str, Any] | None, key: bytes | None) -> int:
     from .export import export_state, write_table
 
+    if args.processor is not None:
+        return _export_processor(args, storage_options, key)
     try:
         frame = export_state(
             args.location,
@@ -235,6 +243,40 @@ def _export(args: argparse.Namespace, storage_options: dict[str, Any] | None, ke
         print(f"error: {exc}", file=sys.stderr)
         return 1
     _print(f"wrote {len(frame)} keys ({', '.join(map(str, frame.columns))}) to {args.output} ({fmt})")
+    return 0
+
+
+def _export_processor(args: argparse.Namespace, storage_options: dict[str, Any] | None, key: bytes | None) -> int:
+    from .export import write_table
+
+    if args.state_schema is not None or args.timeout_column is not None:
+        print("error: --state-schema and --timeout-column are for function state, not with --processor", file=sys.stderr)
+        return 2
+    try:
+        from buffering.spark.migrate import TIMERS_EXPORT, processor_state_frames
+
+        processor = _load_processor(args.processor)
+    except (ImportError, AttributeError, ValueError, TypeError) as exc:
+        print(f"error: --processor {args.processor!r}: {exc}", file=sys.stderr)
+        return 2
+    fmt = args.format or "parquet"
+    try:
+        frames = processor_state_frames(
+            args.location, processor, args.version, storage_options=storage_options, checkpoint_key=key
+        )
+        names = {name: ("timers" if name == TIMERS_EXPORT else name) for name in frames}
+        if len(set(names.values())) != len(names):
+            raise ValueError(f"a state variable is named 'timers', as the timers' file: {sorted(frames)}")
+        os.makedirs(args.output, exist_ok=True)
+        lines = []
+        for name, frame in frames.items():
+            path = os.path.join(args.output, f"{names[name]}.{fmt}")
+            write_table(frame, path, fmt)
+            lines.append(f"wrote {len(frame)} rows of {name} ({', '.join(map(str, frame.columns))}) to {path}")
+    except (CheckpointError, ValueError, TypeError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    _print("\n".join(lines))
     return 0
 
 

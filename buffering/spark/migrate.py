@@ -20,8 +20,6 @@ import datetime as _dt
 import functools
 import json
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Optional, Sequence
@@ -206,7 +204,7 @@ def _processor_import(
     if spec.processor is None:
         raise TypeError(f"processor= must be a pyspark StatefulProcessor, got {type(processor).__name__}")
     timeout = timeout_conf(processor_timeout(spec, "none", time_mode, None))
-    kinds = _processor_kinds(spec, timeout)
+    kinds = {name: kind for name, (kind, _) in _processor_variables(spec).items()}
     frames = []
     spark_key: Optional[list[str]] = None
     key_type = None
@@ -266,23 +264,45 @@ def _processor_import(
     return union, spark_key, key_aliases, key_types, settings
 
 
-def _processor_kinds(spec: OperatorSpec, timeout: str) -> dict[str, str]:
-    """The state variables the processor's ``init()`` creates, by name: "value", "list" or "map"."""
-    from ..processor import ProcessorRuntime
+def _processor_variables(spec: OperatorSpec) -> dict[str, tuple[str, tuple[StateSchema, ...]]]:
+    """The state variables the processor's ``init()`` creates: kind ("value", "list", "map") and schemas, by name.
 
-    runtime = ProcessorRuntime(
-        spec.processor, key_columns=["k"], key_types=None, timeout_conf=timeout, make_cache=lambda table, name: None
-    )
-    directory = tempfile.mkdtemp(prefix="opbuffer-import-")
-    from state import RocksDBStore
+    Learned by calling ``init`` of a copy of the processor with a handle that
+    only records what is asked of it.
+    """
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessorHandle
 
-    root = RocksDBStore(os.path.join(directory, "db"), table=STATE_TABLE)
-    try:
-        runtime.bind(root)
-        return {name: variable.kind for name, variable in runtime.variables.items()}
-    finally:
-        root.close()
-        shutil.rmtree(directory, ignore_errors=True)
+    found: dict[str, tuple[str, tuple[StateSchema, ...]]] = {}
+
+    class _Recorder(StatefulProcessorHandle):
+        def __init__(self) -> None:  # no state server behind it
+            pass
+
+        def getValueState(self, stateName: str, schema: Any, ttlDurationMs: Optional[int] = None) -> Any:
+            found[stateName] = ("value", (StateSchema.of(schema),))
+
+        def getListState(self, stateName: str, schema: Any, ttlDurationMs: Optional[int] = None) -> Any:
+            found[stateName] = ("list", (StateSchema.of(schema),))
+
+        def getMapState(self, stateName: str, userKeySchema: Any, valueSchema: Any, ttlDurationMs: Optional[int] = None) -> Any:
+            found[stateName] = ("map", (StateSchema.of(userKeySchema), StateSchema.of(valueSchema)))
+
+        def registerTimer(self, expiryTimestampMs: int) -> None:
+            pass
+
+        def deleteTimer(self, expiryTimestampMs: int) -> None:
+            pass
+
+        def listTimers(self) -> Iterator[int]:
+            return iter(())
+
+        def deleteIfExists(self, stateName: str) -> None:
+            pass
+
+    import copy
+
+    copy.deepcopy(spec.processor).init(_Recorder())
+    return found
 
 
 def _write_processor_rows(settings: "_ImportSettings", instance: OperatorInstance, batch: Any) -> None:
@@ -533,6 +553,109 @@ def _canonical_type(type_name: str) -> str:
     return _ALIASES.get(type_name, type_name)
 
 
+#: The name of the timers in :func:`processor_state_frames`' answer (Spark's own start with "$" too).
+TIMERS_EXPORT = "$timers"
+#: Its column of each timer's expiry (epoch ms), as Spark's state reader names it.
+EXPIRY_COLUMN = "expiration_timestamp_ms"
+
+
+def _processor_columns(key_columns: list[str], kind: str, schemas: tuple[StateSchema, ...], name: str) -> list[str]:
+    columns = list(key_columns) + [field for schema in schemas for field, _ in schema.fields]
+    if len(set(columns)) != len(columns):
+        raise ValueError(f"state variable {name!r}: its fields {columns[len(key_columns):]} repeat a key column or each other")
+    return columns
+
+
+def processor_state_frames(
+    checkpoint_location: Any,
+    processor: Any,
+    version: Optional[int] = None,
+    *,
+    storage_options: Optional[Mapping[str, Any]] = None,
+    checkpoint_key: str | bytes | None = None,
+) -> dict[str, Any]:
+    """A processor's state in an opbuffer checkpoint as pandas DataFrames: one per state variable, and the timers.
+
+    By variable name: a ValueState gives one row per key (key columns, then the
+    value's fields), a ListState one row per element in list order (key columns,
+    element fields), a MapState one row per entry (key columns, user key fields,
+    value fields); :data:`TIMERS_EXPORT` gives the timers (key columns,
+    :data:`EXPIRY_COLUMN`). Column names come from the schemas the processor's
+    ``init()`` gives its handle. What TTL has expired by now is left out. The
+    state is read in this process (the version restored into a temporary RocksDB).
+    """
+    import pandas as pd
+
+    from ..decorators import spec_of
+
+    spec = spec_of(processor)
+    if spec.processor is None:
+        raise TypeError(f"processor must be a pyspark StatefulProcessor, got {type(processor).__name__}")
+    variables = _processor_variables(spec)
+    location = checkpoint_location if isinstance(checkpoint_location, str) else os.fspath(checkpoint_location)
+    storage = CheckpointStorage.of(
+        location, storage_options=dict(storage_options or {}), create=False, checkpoint_key=checkpoint_key
+    )
+    manifest = storage.read_manifest(version)
+    meta = manifest.metadata
+    key_columns = [str(c) for c in meta.get("key_columns") or []]
+    if not key_columns:
+        raise ValueError(f"version {manifest.version} of {location!r} does not record its key columns")
+    settings = _ImportSettings(
+        key_columns=key_columns,
+        key_types=tuple(meta.get("key_types") or ()) or None,  # type: ignore[arg-type]
+        state_fields=0,
+        parallelism=1,
+        max_parallelism=manifest.max_parallelism,
+        version=manifest.version,
+        location=location,
+        storage_options={},
+        checkpoint_key=None,
+        workdir=None,
+        spec=spec,
+    )
+    n = len(key_columns)
+    out: dict[str, pd.DataFrame] = {}
+    instance = OperatorInstance.for_runner(settings, 0, storage=storage, manager=None)
+    try:
+        instance.restore(manifest)
+        runtime = instance.processor
+        assert runtime is not None
+        runtime.set_times(int(time.time() * 1000), NO_TIMESTAMP)  # TTL: what expired by now is gone
+        for name, (kind, schemas) in variables.items():
+            variable = runtime.variables[name]
+            groups = list(dict.fromkeys(tuple(k)[:n] for k, _ in variable.table.items()))  # keys come as tuples
+            rows: list[tuple] = []
+            for group in groups:
+                runtime.set_key(normalize_key(group))
+                if kind == "value":
+                    value = variable.get()
+                    if value is not None:
+                        rows.append(group + tuple(value))
+                elif kind == "list":
+                    rows.extend(group + tuple(element) for element in variable.get())
+                else:
+                    rows.extend(group + tuple(k) + tuple(v) for k, v in variable.iterator())
+            out[name] = _frame_of(_processor_columns(key_columns, kind, schemas, name), rows)
+        timers = [tuple(k) for k, _ in runtime.timers.table.items()]
+        out[TIMERS_EXPORT] = _frame_of(key_columns + [EXPIRY_COLUMN], [t[:n] + (int(t[n]),) for t in timers])
+    finally:
+        instance.close()
+    return out
+
+
+def _frame_of(columns: list[str], rows: list[tuple]) -> Any:
+    """A pandas DataFrame of ``rows``; a column holding a null keeps Python objects (None, not NaN)."""
+    import pandas as pd
+
+    values = list(zip(*rows)) if rows else [() for _ in columns]
+    frame = pd.DataFrame({c: list(v) for c, v in zip(columns, values)}, columns=columns)
+    for column, value in zip(columns, values):
+        if any(v is None for v in value):
+            frame[column] = pd.Series(list(value), dtype=object)
+    return frame
+
+
 def export_state(
     spark: Any,
     checkpoint_location: Any,
@@ -540,10 +663,15 @@ def export_state(
     *,
     state_schema: Any = None,
     timeout_column: Optional[str] = None,
+    processor: Any = None,
     storage_options: Optional[Mapping[str, Any]] = None,
     checkpoint_key: str | bytes | None = None,
 ) -> Any:
     """An opbuffer checkpoint's state as a Spark DataFrame: one row per key, key columns then state fields.
+
+    With ``processor=`` (a transformWithStateInPandas processor's checkpoint): a dict of
+    Spark DataFrames, one per state variable and the timers, as
+    :func:`processor_state_frames` describes.
 
     The shape ``transformWithStateInPandas(initialState=...)`` takes once grouped
     by the key (``export_state(...).groupBy(*key)``), so a job can move back to
@@ -562,6 +690,8 @@ def export_state(
     """
     from pyspark.sql.types import LongType, StructField, StructType
 
+    if processor is not None:
+        return _processor_dataframes(spark, checkpoint_location, processor, version, storage_options, checkpoint_key)
     read = state_rows(
         checkpoint_location,
         version,
@@ -580,4 +710,39 @@ def export_state(
     return spark.createDataFrame(read.rows, schema)
 
 
-__all__ = ["export_state", "import_state"]
+def _processor_dataframes(
+    spark: Any,
+    location: Any,
+    processor: Any,
+    version: Optional[int],
+    storage_options: Optional[Mapping[str, Any]],
+    checkpoint_key: str | bytes | None,
+) -> dict[str, Any]:
+    from pyspark.sql.types import StructType
+
+    from ..decorators import spec_of
+
+    frames = processor_state_frames(
+        location, processor, version, storage_options=storage_options, checkpoint_key=checkpoint_key
+    )
+    storage = CheckpointStorage.of(
+        location if isinstance(location, str) else os.fspath(location),
+        storage_options=dict(storage_options or {}),
+        create=False,
+        checkpoint_key=checkpoint_key,
+    )
+    meta = storage.read_manifest(version).metadata
+    keys = ", ".join(f"`{c}` {t}" for c, t in zip(meta["key_columns"], meta["key_types"]))
+    out = {}
+    variables = _processor_variables(spec_of(processor))
+    for name, frame in frames.items():
+        if name == TIMERS_EXPORT:
+            fields = f"`{EXPIRY_COLUMN}` long"
+        else:
+            fields = ", ".join(f"`{f}` {t}" for schema in variables[name][1] for f, t in schema.fields)
+        rows = list(frame.itertuples(index=False, name=None))
+        out[name] = spark.createDataFrame(rows, StructType.fromDDL(f"{keys}, {fields}"))
+    return out
+
+
+__all__ = ["export_state", "import_state", "processor_state_frames"]

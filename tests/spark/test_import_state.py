@@ -28,6 +28,7 @@ import pandas as pd
 import pytest
 
 from pyspark.sql.streaming import StatefulProcessor
+from pyspark.sql.types import StructType
 
 from buffering import LocalRunner
 from buffering.spark import export_state, import_state, run_stream
@@ -426,3 +427,24 @@ def test_cli_import_spark_of_a_processors_state_takes_the_processor_class(spark,
     assert main(["import-spark", tws_job["spark_checkpoint"], checkpoint, "--processor", processor]) == 0
     assert f"as version 0 of {checkpoint}: key ['k'] (string), " in capsys.readouterr().out
     assert CheckpointStorage(checkpoint).read_manifest(0).tables  # the processor's tables were written
+
+
+def test_export_of_an_imported_processor_gives_back_each_variable_spark_had(spark, tws_job, tmp_path):
+    checkpoint = str(tmp_path / "opbuffer")
+    import_state(spark, tws_job["spark_checkpoint"], checkpoint, processor=CountsListsMaps())
+    exported = export_state(spark, checkpoint, processor=CountsListsMaps())
+    assert sorted(exported) == ["$timers", "count", "per_value", "recent"]
+
+    def spark_rows(**options):
+        reader = spark.read.format("statestore")
+        for name, value in options.items():
+            reader = reader.option(name, value)
+        frame = reader.load(tws_job["spark_checkpoint"])
+        return sorted(tuple(r) for r in frame.drop("partition_id").select("key.k", *[
+            c + ".*" if isinstance(frame.schema[c].dataType, StructType) else c for c in frame.columns[1:-1]
+        ]).collect())
+
+    assert sorted(tuple(r) for r in exported["count"].collect()) == spark_rows(stateVarName="count")
+    assert sorted(tuple(r) for r in exported["per_value"].collect()) == spark_rows(stateVarName="per_value")
+    assert sorted(tuple(r) for r in exported["$timers"].collect()) == spark_rows(readRegisteredTimers="true")
+    assert exported["recent"].schema.simpleString() == "struct<k:string,v:bigint>"

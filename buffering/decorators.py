@@ -18,6 +18,8 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 import pandas as pd
 
+from state.ttl import check_ttl_ms
+
 from .aggregations import Aggregation, Aggregations
 
 UserFunction = Callable[[tuple, Iterator[pd.DataFrame], Any], Iterator[pd.DataFrame]]
@@ -74,9 +76,12 @@ class StateConfig:
     path: Optional[str] = None
     low_watermark: Optional[float] = None
     high_watermark: Optional[float] = None
+    #: State not updated for this many ms of processing time expires (None: never).
+    ttl_ms: Optional[int] = None
 
     def __post_init__(self) -> None:
         _positive_or_none("max_entries", self.max_entries)
+        check_ttl_ms("cached_state(ttl_ms=...)", self.ttl_ms)
         _positive_or_none("max_bytes", self.max_bytes)
         if self.store not in _STORES:
             raise ValueError(f"store must be one of {_STORES}, got {self.store!r}")
@@ -209,16 +214,33 @@ def cached_state(
     path: Optional[str] = None,
     low_watermark: Optional[float] = None,
     high_watermark: Optional[float] = None,
+    ttl_ms: Optional[int] = None,
 ) -> Callable[[Any], Any]:
     """Keep the operator's state in ``store`` ("memory" or "rocksdb") behind a bounded write-back cache.
 
     With neither ``max_entries`` nor ``max_bytes`` there is no cache: state
     goes straight to the store.
+
+    ``ttl_ms`` (a positive int, or None for state that never expires): a key's
+    state expires ``ttl_ms`` of processing time after its last update, as a
+    transformWithState variable's TTL in Spark: every update sets the expiry
+    to the batch's processing time + ``ttl_ms``; from the first batch whose
+    processing time is at or past it, the function sees the key without
+    state, and the batch's end removes it (a sweep whose work is proportional
+    to the keys that expire). The expiries are checkpointed with the state.
+    Spark's own ``applyInPandasWithState`` has no TTL: the runners apply it.
     """
-    config = StateConfig(max_entries, max_bytes, policy, store, path, low_watermark, high_watermark)
+    config = StateConfig(max_entries, max_bytes, policy, store, path, low_watermark, high_watermark, ttl_ms)
 
     def decorate(fn: Any) -> Any:
-        return _with_spec(fn, spec_of(fn).replace(state=config))
+        spec = spec_of(fn)
+        if ttl_ms is not None and spec.processor is not None:
+            raise ValueError(
+                f"cached_state(ttl_ms={ttl_ms!r}) expires a function's state; the processor "
+                f"{type(spec.processor).__name__} sets a TTL per state variable (the ttlDurationMs of "
+                "getValueState/getListState/getMapState)"
+            )
+        return _with_spec(fn, spec.replace(state=config))
 
     return decorate
 

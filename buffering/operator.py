@@ -4,8 +4,10 @@ The runners (local, Spark) route rows here by key group; an instance owns
 ``key_group_range(index, parallelism, max_parallelism)``. Its state lives in
 three tables: ``state`` (the user's state, behind the write-back cache),
 ``pending`` (what the mini-batch buffer holds at a checkpoint) and
-``timers`` (timeout timestamps). All three are checkpointed together, so a
-restore at any parallelism brings back state, pending rows and timers.
+``timers`` (timeout timestamps), and with ``cached_state(ttl_ms=...)`` a
+fourth, ``ttl`` (each key's expiry time, see :mod:`state.ttl`). All are
+checkpointed together, so a restore at any parallelism brings back state,
+pending rows, timers and expiries.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from state.locks import FileLock, directory_lock
 from state.raw import RawTable
 from state.state_schema import StateSchema
 from state.timers import TimerService
+from state.ttl import AnyExpiryIndex, ExpiryIndex, OrderedExpiryIndex, expiry_for
 
 from .buffer import MiniBatchBuffer
 from .protocol import call_function
@@ -38,7 +41,12 @@ from .processor import ProcessorRuntime
 STATE_TABLE = "state"
 PENDING_TABLE = "pending"
 TIMERS_TABLE = "timers"
-TABLES = (STATE_TABLE, PENDING_TABLE, TIMERS_TABLE)
+#: Expiry times of keys, and the same ordered by expiry within each key group (see state.ttl.OrderedExpiryIndex);
+#: only for an operator with cached_state(ttl_ms=...), or restored from one.
+TTL_TABLE = "ttl"
+TTL_ORDER_TABLE = "ttl.order"
+TTL_TABLES = (TTL_TABLE, TTL_ORDER_TABLE)
+TABLES = (STATE_TABLE, PENDING_TABLE, TIMERS_TABLE, *TTL_TABLES)
 
 
 @dataclass
@@ -51,6 +59,7 @@ class InstanceMetrics:
     timeouts: int = 0
     rows_out: int = 0
     checkpoint_bytes: int = 0
+    expired: int = 0  # keys whose state the TTL sweeps removed
 
 
 class _WorkingFiles:
@@ -175,6 +184,11 @@ class OperatorInstance:
         self.storage = storage
         self.metrics = InstanceMetrics()
         config = spec.state
+        self.ttl_ms: Optional[int] = config.ttl_ms
+        # The side tables besides the state; the TTL tables only when this operator expires state, so
+        # that checkpoints of operators without TTL keep their tables (a restore adds them when the
+        # checkpoint has them: see restore()).
+        self._side_tables: list[str] = [PENDING_TABLE, TIMERS_TABLE] + (list(TTL_TABLES) if self.ttl_ms is not None else [])
         self._files = _WorkingFiles()
         self._finalizer = weakref.finalize(self, self._files.release)
         # A transformWithStateInPandas processor: one table per state variable, each behind its cache.
@@ -186,6 +200,7 @@ class OperatorInstance:
                 key_types=key_types,
                 timeout_conf=timeout_conf,
                 make_cache=lambda table, name: self._make_cache(table, f"{name}[{index}/{parallelism}]"),
+                key_groups=self.key_groups,
             )
         self._manager = manager
         # The working store: RocksDB when asked for, or whenever checkpoints are written
@@ -219,7 +234,7 @@ class OperatorInstance:
             self._raw = {}
             root_memory = MemoryStore(name=STATE_TABLE, max_parallelism=max_parallelism, key_types=key_types)
             self.tables = {STATE_TABLE: root_memory}
-            for name in (PENDING_TABLE, TIMERS_TABLE):
+            for name in self._side_tables:
                 self.tables[name] = root_memory.table(name)
             self._files.root = root_memory
         state_table = self.tables[STATE_TABLE]
@@ -235,6 +250,11 @@ class OperatorInstance:
             self.cache = self._make_cache(state_table, f"state[{index}/{parallelism}]")
         self.state: Store = self.cache if self.cache is not None else state_table
         self.timers = TimerService(self.tables[TIMERS_TABLE])
+        self.ttl: Optional[AnyExpiryIndex] = self._expiry_index() if self.ttl_ms is not None else None
+        # Expiries set (int) or cleared (None) by the calls of one flush, written to the index in one
+        # batch after them (one multi-get and write batch instead of one per call; for the in-memory
+        # index over a RocksDB table measured 2.9-3.4 us per key batched vs 5.9-6.6 us one by one).
+        self._expiry_changes: dict[NormalizedKey, Optional[int]] = {}
         self.buffer = MiniBatchBuffer(self.key_columns, spec.mini_batch, key_types)
         # Columns of the frames handed to the function (the empty frame of a timeout has them).
         self._value_columns: list[str] = list(self.key_columns)
@@ -267,10 +287,24 @@ class OperatorInstance:
         for cache in self.caches:
             cache.flush()
 
+    def _expiry_index(self) -> AnyExpiryIndex:
+        """The order by expiry in RocksDB next to a RocksDB working store (memory: one int per key group),
+        in memory over a memory store."""
+        table = self.tables[TTL_TABLE]
+        if isinstance(table, RocksDBStore):
+            order = self.tables[TTL_ORDER_TABLE]
+            assert isinstance(order, RocksDBStore)
+            return OrderedExpiryIndex(table, order, key_groups=self.key_groups)
+        return ExpiryIndex(table)
+
     def _open_working_store(self) -> RocksDBStore:
         assert self.workdir is not None
         root = RocksDBStore(self.workdir, max_parallelism=self.max_parallelism, key_types=self._key_types, table=STATE_TABLE)
-        tables = {STATE_TABLE: root, **{name: root.table(name) for name in (PENDING_TABLE, TIMERS_TABLE)}}
+        if TTL_TABLE not in self._side_tables and TTL_TABLE in root.tables():
+            # An adopted store restored from a checkpoint with expiries (see restore()): its tables
+            # belong to every version this instance writes.
+            self._side_tables.extend(TTL_TABLES)
+        tables = {STATE_TABLE: root, **{name: root.table(name) for name in self._side_tables}}
         if self.processor is not None:
             tables.update(self.processor.bind(root))
         self.tables.update(tables)
@@ -326,6 +360,8 @@ class OperatorInstance:
             self.state = self.tables[STATE_TABLE]
         self.timers = TimerService(self.tables[TIMERS_TABLE])
         self.timers.reload()
+        if self.ttl is not None:
+            self.ttl = self._expiry_index()  # reloads from the reopened tables
         self.suspended = False
 
     def adopt(self) -> None:
@@ -338,14 +374,34 @@ class OperatorInstance:
         self.timers.reload()
         if self.processor is not None:
             self.processor.reload()
+        if self.ttl is not None:
+            self.ttl.reload()
+        elif TTL_TABLE in self.tables:
+            # Restored from a checkpoint of this operator with ttl_ms, now run without: its state no
+            # longer expires, and stale expiries must not come back should ttl_ms be set again.
+            for name in TTL_TABLES:
+                table = self.tables[name]
+                if isinstance(table, RocksDBStore):
+                    table.write_raw([(raw_key, None) for raw_key, _ in table.iter_raw()], track=True)
+                else:
+                    table.delete_many([key for key, _ in table.items()])
         pending = [(normalize_key(k), v) for k, v in self.tables[PENDING_TABLE].items()]
         self.buffer.restore(iter(pending))
         self._pending_keys = {nkey for nkey, _ in pending}
 
     # ------------------------------------------------------------ restore / checkpoint
     def restore(self, manifest: Manifest) -> None:
-        """Load this instance's key groups of ``manifest`` (state, pending rows, timers)."""
+        """Load this instance's key groups of ``manifest`` (state, pending rows, timers, expiries)."""
         assert self.storage is not None
+        if TTL_TABLE in manifest.tables and TTL_TABLE not in self._raw:
+            # The checkpoint's operator had ttl_ms: restore its tables too (every table of a version
+            # must be restored), then _reload_from_tables clears them.
+            for name in TTL_TABLES:
+                self._side_tables.append(name)
+                table = self._root.table(name)
+                assert isinstance(table, RocksDBStore)
+                table.track_changes()
+                self.tables[name] = self._raw[name] = table
         restore(self.storage, manifest, self.key_groups, self._raw)
         for raw in self._raw.values():
             raw.drain_changes()  # what was restored is not a change
@@ -414,18 +470,50 @@ class OperatorInstance:
         return []
 
     def end_of_batch(self, processing_time_ms: int, watermark_ms: int) -> list[pd.DataFrame]:
-        """Time-triggered flush (or the flush of an unbuffered operator), then due timeouts."""
+        """Time-triggered flush (or the flush of an unbuffered operator), then due timeouts, then the TTL sweep."""
         outputs: list[pd.DataFrame] = []
         if self.buffer.should_flush(processing_time_ms):
             outputs.extend(self.flush(processing_time_ms, watermark_ms))
         outputs.extend(self.fire_timers(processing_time_ms, watermark_ms))
+        if self.ttl is not None:
+            self.sweep_expired(processing_time_ms)
         return outputs
+
+    def sweep_expired(self, processing_time_ms: int) -> int:
+        """Delete the state of every key expired at ``processing_time_ms``; return how many.
+
+        The expiry index hands over exactly the expired keys (the others are
+        not visited), and their state and expiries go in one batched delete
+        each: the work is proportional to what expires, not to the state.
+        """
+        assert self.ttl is not None
+        expired = self.ttl.pop_due(processing_time_ms)
+        if expired:
+            self.state.delete_many(expired)
+            self.metrics.expired += len(expired)
+        return len(expired)
+
+    def _visible(self, keys: list[NormalizedKey], values: list[Any], processing_time_ms: int) -> list[Any]:
+        """``values`` read for ``keys``, with the state of expired keys hidden (None: no state)."""
+        if self.ttl is None:
+            return values
+        held = [i for i, value in enumerate(values) if value is not None]  # a key without state has nothing to hide
+        if not held:
+            return values
+        expired = self.ttl.expired_many([keys[i] for i in held], processing_time_ms)
+        if not any(expired):
+            return values
+        values = list(values)
+        for i, gone in zip(held, expired):
+            if gone:
+                values[i] = None
+        return values
 
     def flush(self, processing_time_ms: int, watermark_ms: int) -> list[pd.DataFrame]:
         """Hand every buffered key to the function (or fold its partials into the accumulators)."""
         self.metrics.flushes += 1
         if self.spec.aggregations is not None:
-            return self._flush_aggregate()
+            return self._flush_aggregate(processing_time_ms)
         items = list(self.buffer.drain())
         if not items:
             return []
@@ -433,21 +521,36 @@ class OperatorInstance:
             return self._flush_processor(items, processing_time_ms, watermark_ms)
         keys = [nkey for nkey, _ in items]
         values = self.state.get_many(keys)  # one batched read: cache hits, one multi-get for misses
+        values = self._visible(keys, values, processing_time_ms)
         outputs: list[pd.DataFrame] = []
         for (nkey, rows), value in zip(items, values):
             outputs.extend(self._call(nkey, rows, value, False, processing_time_ms, watermark_ms))
+        self._apply_expiry_changes()
         return outputs
 
-    def _flush_aggregate(self) -> list[pd.DataFrame]:
+    def _apply_expiry_changes(self) -> None:
+        """Write the expiries the calls since the last flush set or cleared, in one batch each."""
+        changes = self._expiry_changes
+        if not changes:
+            return
+        assert self.ttl is not None
+        self.ttl.remove_many([nkey for nkey, expires_at in changes.items() if expires_at is None])
+        self.ttl.set_many([(nkey, expires_at) for nkey, expires_at in changes.items() if expires_at is not None])
+        changes.clear()
+
+    def _flush_aggregate(self, processing_time_ms: int) -> list[pd.DataFrame]:
         aggs = self.spec.aggregations
         assert aggs is not None
         keys, partials = self.buffer.drain_accumulators()
         if not keys:
             return []
-        stored = self.state.get_many(keys)
+        stored = self._visible(keys, self.state.get_many(keys), processing_time_ms)
         merge = aggs.merge
         merged = [p if s is None else merge(s, p) for s, p in zip(stored, partials)]
         self.state.put_many(zip(keys, merged))
+        if self.ttl is not None:  # every key's accumulator was updated: its expiry moves
+            expires_at = expiry_for(processing_time_ms, self.ttl_ms)  # type: ignore[arg-type]
+            self.ttl.set_many((nkey, expires_at) for nkey in keys)
         self.metrics.calls += len(keys)
         self.metrics.rows_out += len(keys)
         return [aggs.results_frame(dict(zip(keys, merged)), self.key_columns, keys)]
@@ -511,10 +614,11 @@ class OperatorInstance:
             outputs.extend(self.flush(processing_time_ms, watermark_ms))
             due = self.timers.due(threshold)
         keys = [nkey for _, nkey in due]
-        values = self.state.get_many(keys)
+        values = self._visible(keys, self.state.get_many(keys), processing_time_ms)
         for nkey, value in zip(keys, values):
             self.metrics.timeouts += 1
             outputs.extend(self._call(nkey, None, value, True, processing_time_ms, watermark_ms))
+        self._apply_expiry_changes()
         return outputs
 
     def _call(
@@ -544,9 +648,13 @@ class OperatorInstance:
         self.metrics.calls += 1
         if state.removed:
             self.state.delete(nkey)
+            if self.ttl is not None:
+                self._expiry_changes[nkey] = None
         elif state.updated:
             value = state.value if self._state_schema is None else self._state_schema.convert(state.value)
             self.state.put(nkey, value)
+            if self.ttl is not None:  # Spark: any update resets the expiry to processing time + TTL
+                self._expiry_changes[nkey] = expiry_for(processing_time_ms, self.ttl_ms)  # type: ignore[arg-type]
         timeout = state.timeout_timestamp
         if timeout != NO_TIMESTAMP:
             self.timers.set(nkey, timeout)
@@ -562,7 +670,7 @@ class OperatorInstance:
         return dict(self.state.items())
 
     def stats(self) -> dict[str, Any]:
-        """Counters of this instance (rows, flushes, calls, timeouts, pending, checkpoint bytes, cache stats)."""
+        """Counters of this instance (rows, flushes, calls, timeouts, pending, checkpoint bytes, TTL, cache stats)."""
         out: dict[str, Any] = {
             "instance": self.index,
             "key_groups": (self.key_groups.start, self.key_groups.stop),
@@ -576,6 +684,8 @@ class OperatorInstance:
             "timers": len(self.timers),
             "checkpoint_bytes": self.metrics.checkpoint_bytes,
         }
+        if self.ttl is not None:
+            out["expired"] = self.metrics.expired  # keys the TTL sweeps removed since the instance started
         if self.cache is not None:
             out["cache"] = self.cache.stats()
         if self.processor is not None:

@@ -22,7 +22,9 @@ with the instance that owns the key, through checkpoints and rescales.
 TTL (``ttlDurationMs``): a value, map entry or list element is stored with
 its expiry (processing time of its last update + TTL); reads skip expired
 ones, and the sweep after each batch deletes what expired, at a cost
-proportional to what expired (an index by expiry time, ``tws.ttl.<name>``).
+proportional to what expired: ``tws.ttl.<name>`` records each entry's expiry
+(a list: its earliest element's) and ``tws.ttl-order.<name>`` orders them by
+key group and time (:class:`state.ttl.OrderedExpiryIndex`), both checkpointed.
 As Spark: a value is expired when its expiry <= the batch's processing time.
 
 Values are stored as tuples with numpy scalars made Python scalars (as Spark
@@ -47,7 +49,8 @@ from pyspark.sql.streaming.stateful_processor import (
 )
 from sortedcontainers import SortedList
 
-from state import RocksDBStore, Store, WriteBackCache
+from state import RocksDBStore, WriteBackCache
+from state.ttl import OrderedExpiryIndex
 from state.keys import NormalizedKey, denormalize_key, encode_key, key_columns, normalize_key
 
 from .protocol import output_frames, spark_key
@@ -96,58 +99,23 @@ def _python_value(value: Any) -> Any:
     return value
 
 
-def _row(value: Any, what: str) -> tuple:
-    """A state value as Spark stores it: a tuple of Python scalars."""
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
-        raise TypeError(f"{what}: a state value must be a tuple (one element per schema field), got {value!r:.200}")
-    return tuple(_python_value(v) for v in value)
+_PLAIN_VALUES = frozenset((int, float, str, bytes, bool, type(None)))
 
 
-class _Expiry:
-    """Expiry times of a variable's entries, in a table ordered by time, with an in-memory sorted index.
+def _row(value: Any, kind: str, name: str) -> tuple:
+    """A state value as Spark stores it: a tuple of Python scalars (numpy scalars converted).
 
-    ``set``/``clear`` are O(log n); ``due(now)`` is O(log n + expired).
-    The table (key -> expiry) is checkpointed with the variable, so the index
-    is rebuilt from it after a restore, at any parallelism.
+    ``kind`` and ``name`` name the variable in an error (formatted only then).
     """
-
-    def __init__(self, table: Store) -> None:
-        self.table = table
-        self._index: SortedList = SortedList()
-        self._at: dict[NormalizedKey, int] = {}
-        self.reload()
-
-    def reload(self) -> None:
-        self._index.clear()
-        self._at.clear()
-        for key, at in self.table.items():
-            nkey = normalize_key(key)
-            self._at[nkey] = at
-            self._index.add((at, encode_key(nkey)))
-
-    def set(self, nkey: NormalizedKey, at: int) -> None:
-        old = self._at.get(nkey)
-        if old == at:
-            return
-        encoded = encode_key(nkey)
-        if old is not None:
-            self._index.discard((old, encoded))
-        self._at[nkey] = at
-        self._index.add((at, encoded))
-        self.table.put(nkey, at)
-
-    def clear(self, nkey: NormalizedKey) -> None:
-        old = self._at.pop(nkey, None)
-        if old is not None:
-            self._index.discard((old, encode_key(nkey)))
-            self.table.delete(nkey)
-
-    def due(self, now: int) -> list[NormalizedKey]:
-        """Keys whose expiry <= now, earliest first."""
-        from state.keys import decode_key
-
-        stop = self._index.bisect_right((now, b"\xff" * 8))
-        return [decode_key(encoded) for _, encoded in self._index[:stop]]
+    if type(value) is tuple:
+        for v in value:
+            if type(v) not in _PLAIN_VALUES:
+                break
+        else:
+            return value
+    elif isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"{kind} {name!r}: a state value must be a tuple (one element per schema field), got {value!r:.200}")
+    return tuple(_python_value(v) for v in value)
 
 
 class _Variable:
@@ -165,7 +133,7 @@ class _Variable:
         self.ttl_table_name = f"tws.ttl.{name}" if ttl_ms is not None else None
         self.cache: WriteBackCache
         self.table: RocksDBStore
-        self.expiry: Optional[_Expiry] = None
+        self.expiry: Optional[OrderedExpiryIndex] = None
 
     def bind(self, root: RocksDBStore) -> list[tuple[str, RocksDBStore]]:
         """Open (or reopen) this variable's tables on ``root``; returns them by name."""
@@ -179,8 +147,10 @@ class _Variable:
         tables = [(self.table_name, self.table)]
         if self.ttl_table_name is not None:
             ttl_table = root.table(self.ttl_table_name, group_columns=group_columns)
-            self.expiry = _Expiry(ttl_table)
-            tables.append((self.ttl_table_name, ttl_table))
+            order_name = f"tws.ttl-order.{self.name}"
+            order_table = root.table(order_name)
+            self.expiry = OrderedExpiryIndex(ttl_table, order_table, key_groups=self.runtime.key_groups)
+            tables.extend([(self.ttl_table_name, ttl_table), (order_name, order_table)])
         return tables
 
     def expires_at(self) -> int:
@@ -194,18 +164,29 @@ class _Variable:
         """Delete what expired at ``now``; returns how many entries went."""
         if self.expiry is None:
             return 0
-        due = self.expiry.due(now)
+        due = self.expiry.pop_due(now)
         for nkey in due:
             self._expire(nkey, now)
-            self.expiry.clear(nkey)
         return len(due)
 
     def _expire(self, nkey: NormalizedKey, now: int) -> None:
         self.cache.delete(nkey)
 
     def drop_all(self) -> None:
-        """Remove every entry of this variable of the current grouping key (deleteIfExists)."""
+        """Remove this variable's entries of the current grouping key."""
         raise NotImplementedError
+
+    def purge(self) -> None:
+        """Remove every entry of this variable, of every key this instance owns (deleteIfExists).
+
+        O(entries): the cache is flushed, then each stored entry deleted
+        through it (so the deletions reach the next checkpoint).
+        """
+        self.cache.flush()
+        for key, _ in list(self.table.items()):
+            self.cache.delete(key)
+        if self.expiry is not None:
+            self.expiry.remove_many([nkey for nkey, _ in list(self.expiry.items())])
 
 
 class _ValueVariable(_Variable, ValueState):
@@ -224,7 +205,7 @@ class _ValueVariable(_Variable, ValueState):
         return stored[0] if self.live(stored) else None
 
     def update(self, newValue: tuple) -> None:
-        value = _row(newValue, f"ValueState {self.name!r}")
+        value = _row(newValue, "ValueState", self.name)
         nkey = self.runtime.nkey
         if self.ttl_ms is None:
             self.cache.put(nkey, value)
@@ -237,13 +218,18 @@ class _ValueVariable(_Variable, ValueState):
         nkey = self.runtime.nkey
         self.cache.delete(nkey)
         if self.expiry is not None:
-            self.expiry.clear(nkey)
+            self.expiry.remove(nkey)
 
     drop_all = clear
 
 
 class _ListVariable(_Variable, ListState):
-    """A list in chunks of LIST_CHUNK elements; with TTL each element carries its own expiry (as Spark)."""
+    """A list in chunks of LIST_CHUNK elements; with TTL each element carries its own expiry (as Spark).
+
+    Chunk 0 is the head ``[count, first elements]``: a list of up to
+    LIST_CHUNK elements is one entry, so reading it is one cache lookup, and an
+    append changes the head (its count) and the last chunk only.
+    """
 
     kind = "list"
 
@@ -251,21 +237,22 @@ class _ListVariable(_Variable, ListState):
         _Variable.__init__(self, runtime, name, ttl_ms)
 
     def _key(self, chunk: int) -> NormalizedKey:
-        return self.runtime.composite((chunk,))
-
-    def _chunks(self) -> tuple[int, list[list]]:
-        count = self.cache.get(self._key(_COUNT))
-        if not count:
-            return 0, []
-        chunks = self.cache.get_many([self._key(i) for i in range((count + LIST_CHUNK - 1) // LIST_CHUNK)])
-        return count, chunks
+        return self.runtime.group + (chunk,)  # an int is its own normalized element
 
     def _elements(self) -> list:
-        _, chunks = self._chunks()
-        return [e for chunk in chunks for e in chunk]
+        head = self.cache.get(self._key(0))
+        if head is None:
+            return []
+        count, first = head
+        if count <= LIST_CHUNK:
+            return list(first)
+        out = list(first)
+        for chunk in self.cache.get_many([self._key(i) for i in range(1, (count + LIST_CHUNK - 1) // LIST_CHUNK)]):
+            out.extend(chunk)
+        return out
 
     def exists(self) -> bool:
-        return next(iter(self.get()), None) is not None
+        return next(self.get(), None) is not None
 
     def get(self) -> Iterator[tuple]:
         elements = self._elements()
@@ -274,60 +261,65 @@ class _ListVariable(_Variable, ListState):
         now = self.runtime.processing_time_ms
         return iter([value for value, at in elements if at > now])
 
-    def _entry(self, value: Any) -> Any:
-        row = _row(value, f"ListState {self.name!r}")
-        return row if self.ttl_ms is None else (row, self.expires_at())
+    def _entries(self, values: list[tuple]) -> list:
+        if self.ttl_ms is None:
+            name = self.name
+            return [_row(v, "ListState", name) for v in values]
+        at = self.expires_at()
+        return [(_row(v, "ListState", self.name), at) for v in values]
 
     def put(self, newState: list[tuple]) -> None:
-        self._write([self._entry(v) for v in newState])
+        self._write(self._entries(newState))
 
     def _write(self, entries: list) -> None:
-        old_count = self.cache.get(self._key(_COUNT)) or 0
-        old_chunks = (old_count + LIST_CHUNK - 1) // LIST_CHUNK
-        chunks = [entries[i : i + LIST_CHUNK] for i in range(0, len(entries), LIST_CHUNK)]
-        for i, chunk in enumerate(chunks):
-            self.cache.put(self._key(i), chunk)
-        for i in range(len(chunks), old_chunks):
+        head = self.cache.get(self._key(0))
+        old_chunks = 0 if head is None else (head[0] + LIST_CHUNK - 1) // LIST_CHUNK
+        if entries:
+            self.cache.put(self._key(0), [len(entries), entries[:LIST_CHUNK]])
+            new_chunks = (len(entries) + LIST_CHUNK - 1) // LIST_CHUNK
+            for i in range(1, new_chunks):
+                self.cache.put(self._key(i), entries[i * LIST_CHUNK : (i + 1) * LIST_CHUNK])
+        else:
+            new_chunks = 0
+            if head is not None:
+                self.cache.delete(self._key(0))
+        for i in range(max(new_chunks, 1), old_chunks):
             self.cache.delete(self._key(i))
-        if entries:
-            self.cache.put(self._key(_COUNT), len(entries))
-        else:
-            self.cache.delete(self._key(_COUNT))
-        self._track_expiry(entries)
-
-    def _track_expiry(self, entries: list) -> None:
-        if self.expiry is None:
-            return
-        nkey = self.runtime.nkey_composite_group()
-        if entries:
-            self.expiry.set(nkey, min(at for _, at in entries))
-        else:
-            self.expiry.clear(nkey)
+        if self.expiry is not None:
+            nkey = self._key(0)
+            if entries:
+                self.expiry.set(nkey, min(at for _, at in entries))
+            else:
+                self.expiry.remove(nkey)
 
     def appendValue(self, newState: tuple) -> None:
         self.appendList([newState])
 
     def appendList(self, newState: list[tuple]) -> None:
-        new = [self._entry(v) for v in newState]
+        new = self._entries(newState)
         if not new:
             return
-        count = self.cache.get(self._key(_COUNT)) or 0
-        last = count // LIST_CHUNK
-        chunk = list(self.cache.get(self._key(last)) or []) if count % LIST_CHUNK else []
+        key0 = self._key(0)
+        head = self.cache.get(key0)
+        if head is None:
+            self._write(new)
+            return
+        count = head[0]
+        last = (count - 1) // LIST_CHUNK
+        chunk = head[1] if last == 0 else self.cache.get(self._key(last))
         for entry in new:
-            chunk.append(entry)
-            count += 1
             if len(chunk) == LIST_CHUNK:
-                self.cache.put(self._key(last), chunk)
+                if last:
+                    self.cache.put(self._key(last), chunk)
                 last += 1
                 chunk = []
-        if chunk:
+            chunk.append(entry)  # in place: the cached chunk is this process's live object
+        if last:
             self.cache.put(self._key(last), chunk)
-        self.cache.put(self._key(_COUNT), count)
-        if self.expiry is not None:
-            nkey = self.runtime.nkey_composite_group()
-            if self.expiry._at.get(nkey) is None:
-                self.expiry.set(nkey, min(at for _, at in new))
+        head[0] = count + len(new)
+        self.cache.put(key0, head)
+        if self.expiry is not None and self.expiry.expires_at(key0) is None:
+            self.expiry.set(key0, min(at for _, at in new))
 
     def clear(self) -> None:
         self._write([])
@@ -337,15 +329,13 @@ class _ListVariable(_Variable, ListState):
     def _expire(self, nkey: NormalizedKey, now: int) -> None:
         # The index holds the earliest expiry of the key's elements: drop the expired ones, keep the rest.
         with self.runtime.at_group(nkey):
-            kept = [(v, at) for v, at in self._elements() if at > now]
-            self._write(kept)
+            self._write([(v, at) for v, at in self._elements() if at > now])
 
     def sweep(self, now: int) -> int:
         if self.expiry is None:
             return 0
-        due = self.expiry.due(now)
+        due = self.expiry.pop_due(now)
         for nkey in due:
-            self.expiry.clear(nkey)
             self._expire(nkey, now)  # sets the next earliest expiry of what is kept
         return len(due)
 
@@ -357,7 +347,9 @@ class _MapVariable(_Variable, MapState):
         _Variable.__init__(self, runtime, name, ttl_ms)
 
     def _key(self, user_key: Any) -> NormalizedKey:
-        return self.runtime.composite(_row(user_key, f"MapState {self.name!r} key"))
+        if type(user_key) is not tuple:
+            raise TypeError(f"MapState {self.name!r}: a key must be a tuple (one element per key schema field), got {user_key!r:.200}")
+        return self.runtime.group + key_columns(normalize_key(user_key))
 
     def _entries(self) -> Iterator[tuple[tuple, Any]]:
         """Every stored (user key, stored value) of the current grouping key, from the store."""
@@ -383,7 +375,7 @@ class _MapVariable(_Variable, MapState):
 
     def updateValue(self, key: tuple, value: tuple) -> None:
         nkey = self._key(key)
-        row = _row(value, f"MapState {self.name!r} value")
+        row = _row(value, "MapState", self.name)
         if self.ttl_ms is None:
             self.cache.put(nkey, row)
         else:
@@ -406,7 +398,7 @@ class _MapVariable(_Variable, MapState):
         nkey = self._key(key)
         self.cache.delete(nkey)
         if self.expiry is not None:
-            self.expiry.clear(nkey)
+            self.expiry.remove(nkey)
 
     def clear(self) -> None:
         for user_key, _ in list(self._entries_all()):
@@ -450,7 +442,7 @@ class ProcessorHandle(StatefulProcessorHandle):
     def deleteIfExists(self, stateName: str) -> None:
         variable = self._runtime.variables.get(stateName)
         if variable is not None:
-            variable.drop_all()
+            variable.purge()
 
 
 class ProcessorTimers:
@@ -528,6 +520,7 @@ class ProcessorRuntime:
         key_types: Optional[Sequence[str]],
         timeout_conf: str,
         make_cache: Callable[[RocksDBStore, str], WriteBackCache],
+        key_groups: Optional[range] = None,
     ) -> None:
         if not isinstance(processor, StatefulProcessor):
             raise TypeError(f"expected a pyspark StatefulProcessor, got {type(processor).__name__}")
@@ -537,10 +530,12 @@ class ProcessorRuntime:
         self.key_types = tuple(key_types) if key_types is not None else None
         self.timeout_conf = timeout_conf
         self.make_cache = make_cache
+        #: The key groups this runtime's instance owns (TTL sweeps seek only those); None: all.
+        self.key_groups = key_groups
         self.variables: dict[str, _Variable] = {}
         self.timers = ProcessorTimers(self)
         self.nkey: NormalizedKey = None
-        self._group: tuple = ()
+        self.group: tuple = ()
         self.processing_time_ms = 0
         self.watermark_ms = -1
         self._root: Optional[RocksDBStore] = None
@@ -596,16 +591,14 @@ class ProcessorRuntime:
 
     # ------------------------------------------------------------ keys
     def set_key(self, nkey: NormalizedKey) -> None:
+        """Make ``nkey`` (normalized) the grouping key the variables read and write."""
         self.nkey = nkey
-        self._group = key_columns(nkey)
+        # Its normalized columns: a composite key is these plus normalized elements (already a normalized key).
+        self.group = nkey if type(nkey) is tuple else (nkey,)
 
     def composite(self, extra: tuple, group: Any = _NO_VALUE) -> NormalizedKey:
-        columns = self._group if group is _NO_VALUE else key_columns(group)
-        return normalize_key(columns + tuple(extra))
-
-    def nkey_composite_group(self) -> NormalizedKey:
-        """The key of a per-grouping-key entry in a composite-key table (grouping key + 0)."""
-        return self.composite((0,))
+        columns = self.group if group is _NO_VALUE else key_columns(group)
+        return columns + key_columns(normalize_key(extra))
 
     def at_group(self, composite_group: NormalizedKey) -> "_AtKey":
         return _AtKey(self, normalize_key(composite_group))

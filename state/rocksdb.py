@@ -423,22 +423,36 @@ class RocksDBStore(Store):
         """The key group stored in front of a raw RocksDB key."""
         return int.from_bytes(raw_key[:_KG_BYTES], "big")
 
-    def write_raw(self, pairs: Iterable[tuple[bytes, bytes | None]]) -> None:
+    def write_raw(self, pairs: Iterable[tuple[bytes, bytes | None]], *, track: bool = False) -> None:
         """Write raw ``(key bytes, value bytes or None to delete)`` pairs in one write batch (restore path).
 
         Restores are not recorded as changes: they bring back what a checkpoint already holds.
+        ``track=True`` records them (for tables whose raw keys a caller builds, e.g. an expiry order).
         """
         batch = WriteBatch(raw_mode=True)
         batch.set_default_column_family(self._handle)
         put = batch.put
         delete = batch.delete
+        changed = self._changed if track else None
         for raw_key, raw_value in pairs:
             if raw_value is None:
                 delete(raw_key)
             else:
                 put(raw_key, raw_value)
+            if changed is not None:
+                changed.add(raw_key)
         if batch.len():
             self._cf.write(batch)
+
+    def raw_keys(self, nkeys: Sequence[NormalizedKey]) -> list[bytes]:
+        """The raw keys (key group + canonical bytes) of normalized keys, as this table stores them."""
+        return self._encode_many(nkeys)
+
+    def iter_raw_keys(self, lower: bytes, upper: bytes) -> Iterator[bytes]:
+        """Raw keys in ``[lower, upper)``, in key order (one seek, then sequential reads)."""
+        options = ReadOptions()
+        options.set_iterate_upper_bound(upper)
+        yield from self._cf.keys(from_key=lower, read_opt=options)
 
     def write_raw_columns(self, keys: Sequence[bytes], values: Sequence[bytes | None]) -> None:
         """:meth:`write_raw` of parallel sequences of raw keys and values (None deletes), in one write batch."""

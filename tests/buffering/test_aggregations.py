@@ -532,6 +532,29 @@ def test_hll_partial_pickle_names_one_module_level_function():
     assert b"getattr" not in data and b"HllPartial" not in data
 
 
+# {"n": Count(), "viewers": ApproxDistinct("u", lg_k=7), "hi": Max("u")} of u = ann, bob, ann, pickled
+# (protocol 5) by buffering/aggregations.py before it became a package: what checkpoints and state stores hold.
+STORED_BEFORE_THE_PACKAGE_SPLIT = (
+    b"\x80\x05\x95a\x00\x00\x00\x00\x00\x00\x00}\x94(\x8c\x01n\x94K\x03\x8c\x07viewers\x94"
+    b"\x8c\x16buffering.aggregations\x94\x8c\x0c_hll_partial\x94\x93\x94"
+    b"C\x10\x02\x01\x07\x07\x03\x08\x02\x08\xf8\x11`\x04\xbf d\x1c\x94\x85\x94R\x94"
+    b"\x8c\x02hi\x94\x8c\x03bob\x94u."
+)
+
+
+def test_accumulators_stored_before_the_package_split_still_load():
+    aggs = Aggregations({"n": Count(), "viewers": ApproxDistinct("u", lg_k=7), "hi": Max("u")})
+    acc = pickle.loads(STORED_BEFORE_THE_PACKAGE_SPLIT)
+    assert isinstance(acc["viewers"], HllPartial)
+    assert aggs.result(acc) == {"n": 3, "viewers": 2, "hi": "bob"}
+
+
+def test_accumulators_pickle_as_before_the_package_split():
+    # Byte for byte: state written now stays readable by code from before the split.
+    acc = pickle.loads(STORED_BEFORE_THE_PACKAGE_SPLIT)
+    assert pickle.dumps(acc, protocol=5) == STORED_BEFORE_THE_PACKAGE_SPLIT
+
+
 def test_approx_distinct_merges_in_a_row_do_not_share_state():
     agg = ApproxDistinct("x", lg_k=12)
     a, b, c, d = (agg.partial(pd.DataFrame({"x": np.arange(lo, lo + 1000)})) for lo in (0, 1000, 5000, 6000))

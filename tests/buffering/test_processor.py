@@ -365,3 +365,25 @@ def test_cache_bounds_apply_to_each_variables_table():
     assert set(caches) == {"tws.value.count[0/1]", "tws.list.last[0/1]", "tws.map.per_value[0/1]"}
     assert all(c["entries"] <= 10 for c in caches.values())
     assert state_of(runner, "count", 42) == (1,)
+
+
+class Purger(StatefulProcessor):
+    def init(self, handle: Any) -> None:
+        self.handle = handle
+        self.count = handle.getValueState("count", "count long")
+
+    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Iterator[pd.DataFrame]:
+        values = [v for pdf in rows for v in pdf["v"].tolist()]
+        if -1 in values:
+            self.handle.deleteIfExists("count")
+        else:
+            n = self.count.get()[0] if self.count.exists() else 0
+            self.count.update((n + len(values),))
+        return iter([])
+
+
+def test_delete_if_exists_purges_the_variable_for_every_key():
+    runner = LocalRunner(Purger(), key="id")
+    runner.process(batch([1, 2, 3]))
+    runner.process(batch([1], [-1]))
+    assert [state_of(runner, "count", k) for k in (1, 2, 3)] == [None, None, None]

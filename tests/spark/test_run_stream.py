@@ -22,6 +22,7 @@ from checkpoint import read_state
 from .helpers import (
     all_rows,
     collect_sink,
+    count_views,
     latest_per_key,
     reference_apply_in_pandas_with_state,
     stream_of,
@@ -369,3 +370,16 @@ def test_parquet_sink_written_by_the_tasks_equals_the_one_written_by_spark(spark
     pd.testing.assert_frame_equal(frames[True][1], frames[False][1])
     batches = sorted(os.listdir(tmp_path / "sink-True"))
     assert batches and all(os.path.exists(tmp_path / "sink-True" / b / "_SUCCESS") for b in batches)
+
+
+@pytest.mark.parametrize("placement", ["batch", "executor"])
+def test_state_expired_by_ttl_is_gone_in_the_next_batch(spark, tmp_path, placement):
+    """cached_state(ttl_ms=1): a batch starts at least 1 ms of processing time after the one before,
+    so every state of batch 0 has expired in batch 1: tweet 1 counts from zero again, tweet 2 is swept."""
+    frames = [pd.DataFrame({"tweet": [1, 2], "user": [0, 0], "ts": [0, 0]}), pd.DataFrame({"tweet": [1], "user": [0], "ts": [1]})]
+    source = write_batches(str(tmp_path / "in"), frames)
+    decorated = buffering.cached_state(ttl_ms=1)(count_views)
+    out, _ = _run(spark, source, decorated, str(tmp_path / "ck"), output_schema="tweet long, views long", placement=placement)
+    assert all_rows(out, ["tweet"]).values.tolist() == [[1, 1, 0], [2, 1, 0], [1, 1, 1]]
+    state = read_state(str(tmp_path / "ck"))
+    assert state["tweet"].tolist() == [1] and [s[0] for s in state["state"]] == [1]

@@ -722,6 +722,9 @@ def run_stream(
         output_schema: StructType or DDL string of fn's output (inferred for aggregate()).
         checkpoint_location: where state versions live (local path or fsspec URL).
             Spark's own offsets go to ``{checkpoint_location}/_spark`` for a local path.
+            A checkpoint written by ``buffering.spark.import_state`` (version 0) needs a
+            new Spark checkpoint: its micro-batch ``b`` commits version ``b + 1`` (the
+            manifest's ``spark_batch_offset``), and the sink is handed that version.
         sink: ``callable(out_df, batch_id)``, a :mod:`buffering.spark.sinks` sink, or
             ``"parquet:PATH"`` / ``"delta:PATH"`` / ``"noop"``. It must be idempotent by batch id
             (the built-in ones are) for end-to-end exactly-once.

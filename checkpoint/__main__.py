@@ -189,6 +189,10 @@ def _parser() -> argparse.ArgumentParser:
         help="for a transformWithStateInPandas query: the StatefulProcessor class (or instance) the job runs, "
         "imported from MODULE (e.g. jobs.counts:CountsProcessor)",
     )
+    imp.add_argument(
+        "--ttl-ms", type=int, default=None,
+        help="the cached_state(ttl_ms=...) the function will run with: imported keys expire that long after the import",
+    )
     imp.add_argument("--operator-id", type=int, default=0, help="the stateful operator of the query (default: 0)")
     imp.add_argument("--batch-id", type=int, default=None, help="the committed Spark batch to read (default: latest)")
     imp.add_argument("--parallelism", type=int, default=None, help="instances written (default: Spark's partitions)")
@@ -325,6 +329,8 @@ def _import_spark(args: argparse.Namespace, storage_options: dict[str, Any] | No
             return 2
     if args.max_parallelism is not None:
         options["max_parallelism"] = args.max_parallelism
+    if args.ttl_ms is not None:
+        options["ttl_ms"] = args.ttl_ms
     try:
         manifest = import_state(
             spark,

@@ -30,8 +30,9 @@ from state.group_state import NO_TIMESTAMP, GroupStateTimeout
 from state.keygroups import DEFAULT_MAX_PARALLELISM, check_max_parallelism
 from state.keys import normalize_key
 from state.state_schema import StateSchema
+from state.ttl import expiry_for
 
-from ..decorators import OperatorSpec
+from ..decorators import OperatorSpec, StateConfig
 from ..operator import STATE_TABLE, TIMERS_TABLE, OperatorInstance
 from ..protocol import commit_metadata
 from ._plan import key_types_of, operator_index_sql
@@ -70,6 +71,8 @@ class _ImportSettings:
     timeout_conf: str = GroupStateTimeout.NoTimeout
     #: For a processor: (column, state variable name) of each variable's column.
     variables: tuple[tuple[str, str], ...] = ()
+    #: The import's processing time (chosen once, on the driver): TTLs start from it.
+    processing_time_ms: int = 0
     event_time: Optional[str] = None
 
 
@@ -101,7 +104,7 @@ def _write_instances(settings: _ImportSettings, batches: Iterator[Any]) -> Itera
     try:
         if instance.processor is not None:
             # Through the handle API, as the processor writes: each variable's table and layout.
-            instance.processor.set_times(int(time.time() * 1000), NO_TIMESTAMP)  # TTLs run from the import
+            instance.processor.set_times(settings.processing_time_ms, NO_TIMESTAMP)  # TTLs run from the import
             for batch in batches:
                 _write_processor_rows(settings, instance, batch)
             report = instance.checkpoint(settings.version, None)
@@ -124,6 +127,9 @@ def _write_instances(settings: _ImportSettings, batches: Iterator[Any]) -> Itera
                     put.append((nkey, tuple(_python_value(column[i]) for column in values)))
             if put:
                 states.put_many(put)
+                if instance.ttl is not None:  # cached_state(ttl_ms=): each key's TTL starts at the import
+                    expires_at = expiry_for(settings.processing_time_ms, instance.ttl_ms)  # type: ignore[arg-type]
+                    instance.ttl.set_many((nkey, expires_at) for nkey, _ in put)
             due = [(nkey, int(ts)) for nkey, ts in zip(keys, timeouts) if ts is not None and ts != NO_TIMESTAMP]
             if due:
                 timers.put_many(due)
@@ -172,7 +178,9 @@ def _function_import(
     columns += [F.col("value.groupState").getField(name).alias(f"{_STATE_PREFIX}{i}") for i, name in enumerate(state_names)]
     columns.append(F.col("value.groupState").isNotNull().alias(f"{_STATE_PREFIX}present"))
     columns.append((F.col("value.timeoutTimestamp") if timed else F.lit(NO_TIMESTAMP)).cast("long").alias(_TIMEOUT))
-    settings = _ImportSettings(key_columns=spark_key, key_types=key_types, state_fields=len(state_names), **common)
+    ttl_ms = common.pop("ttl_ms", None)
+    spec = OperatorSpec(function=None, state=StateConfig(ttl_ms=ttl_ms))  # validates ttl_ms
+    settings = _ImportSettings(key_columns=spark_key, key_types=key_types, state_fields=len(state_names), spec=spec, **common)
     return frame.select(*columns), spark_key, key_aliases, key_types, settings, list(spark_schema.fields)
 
 
@@ -391,6 +399,7 @@ def import_state(
     key: Sequence[str] | str | None = None,
     state_schema: Any = None,
     processor: Any = None,
+    ttl_ms: Optional[int] = None,
     operator_id: int = 0,
     batch_id: Optional[int] = None,
     parallelism: Optional[int] = None,
@@ -442,6 +451,10 @@ def import_state(
         processor: for a transformWithStateInPandas query: the ``StatefulProcessor`` the
             job runs (decorated with ``cached_state`` or not). Its ``init()`` must create
             the variables Spark's state holds, of the same kinds.
+        ttl_ms: for an applyInPandasWithState query whose function will run with
+            ``cached_state(ttl_ms=...)``: the same TTL, so that each imported key expires
+            ``ttl_ms`` after the import unless updated (without it, a key never updated
+            again would never expire). A processor's variables take their TTLs from it.
         operator_id: which stateful operator of the query (Spark's numbering, from 0).
         batch_id: the committed Spark batch whose state to read (default: the latest).
         parallelism: operator instances of the written version (default: the Spark
@@ -481,7 +494,10 @@ def import_state(
         # A new reader each time: a DataFrameReader's option() changes the reader itself.
         return spark.read.format("statestore").option("operatorId", operator_id).option("batchId", batch_id)
 
+    if ttl_ms is not None and processor is not None:
+        raise ValueError(f"ttl_ms={ttl_ms!r} is for a function's state; a processor's variables have their own TTLs")
     common = dict(
+        processing_time_ms=int(time.time() * 1000),
         parallelism=parallelism,
         max_parallelism=max_parallelism,
         version=0,
@@ -507,7 +523,7 @@ def import_state(
                 f"{spark_checkpoint_location!r} is {operator['operatorName']!r}"
             )
         flat, spark_key, key_aliases, key_types, settings, schema_fields = _function_import(
-            reader, spark_checkpoint_location, operator_id, key, state_schema, common
+            reader, spark_checkpoint_location, operator_id, key, state_schema, {**common, "ttl_ms": ttl_ms}
         )
     # Each row to the partition of its operator instance, as run_stream routes a batch's rows.
     routed = flat.withColumn("__opbuffer_op", F.expr(operator_index_sql(key_aliases, parallelism, max_parallelism)))
@@ -525,7 +541,7 @@ def import_state(
         reports,
         metadata=commit_metadata(
             max_event_time_ms=max_event,
-            processing_time_ms=int(time.time() * 1000),
+            processing_time_ms=int(common["processing_time_ms"]),  # type: ignore[arg-type]
             key_columns=spark_key,
             key_types=key_types,
             parallelism=parallelism,

@@ -30,7 +30,7 @@ import pytest
 from pyspark.sql.streaming import StatefulProcessor
 from pyspark.sql.types import StructType
 
-from buffering import LocalRunner
+from buffering import LocalRunner, cached_state
 from buffering.spark import export_state, import_state, run_stream
 from checkpoint import CheckpointStorage, CheckpointTrustError
 from checkpoint.export import export_state as export_state_pandas
@@ -448,3 +448,41 @@ def test_export_of_an_imported_processor_gives_back_each_variable_spark_had(spar
     assert sorted(tuple(r) for r in exported["per_value"].collect()) == spark_rows(stateVarName="per_value")
     assert sorted(tuple(r) for r in exported["$timers"].collect()) == spark_rows(readRegisteredTimers="true")
     assert exported["recent"].schema.simpleString() == "struct<k:string,v:bigint>"
+
+
+def count_and_sum(key, rows, state):
+    n, s = state.get if state.exists else (0, 0.0)
+    for pdf in rows:
+        n += len(pdf)
+        s += float(pdf["v"].sum())
+    state.update((n, s))
+    yield pd.DataFrame({"k": [key[0]], "n": [n], "s": [s]})
+
+
+def _state_after_one_batch_at(spark, live_job, tmp_path, since_import_ms: int) -> dict:
+    """Import with ttl_ms=60 s, then one LocalRunner batch (a row of key a) ``since_import_ms`` after the import."""
+    checkpoint = str(tmp_path / "opbuffer")
+    import_state(spark, live_job["spark_checkpoint"], checkpoint, ttl_ms=60_000)
+    imported_at = CheckpointStorage(checkpoint).read_manifest(0).metadata["processing_time_ms"]
+    runner = LocalRunner(
+        cached_state(ttl_ms=60_000)(count_and_sum), key="k", checkpoint_location=checkpoint,
+        clock=lambda: imported_at + since_import_ms,
+    )
+    try:
+        runner.process(pd.DataFrame({"k": ["a"], "v": [7], "ts": pd.to_datetime([150], unit="s")}))
+        return runner.state()
+    finally:
+        runner.close()
+
+
+def test_imported_keys_expire_ttl_ms_after_the_import(spark, live_job, tmp_path):
+    # Spark's rule: expired once the processing time reaches the expiry. a starts anew; c and d are gone.
+    assert _state_after_one_batch_at(spark, live_job, tmp_path, 60_000) == {("a",): (1, 7.0)}
+
+
+def test_imported_keys_live_until_ttl_ms_after_the_import(spark, live_job, tmp_path):
+    assert _state_after_one_batch_at(spark, live_job, tmp_path, 59_999) == {
+        ("a",): (3, 12.0),
+        ("c",): (2, 9.0),
+        ("d",): (1, 5.0),
+    }

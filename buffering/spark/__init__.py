@@ -6,12 +6,16 @@
 * :func:`run_batch` -- the same operator over a batch DataFrame (backfills),
   sort-based with state for one key at a time.
 * :mod:`buffering.spark.sinks` -- sinks idempotent by batch id.
+* :func:`import_state` / :func:`export_state` -- a live ``applyInPandasWithState``
+  job's state from its Spark checkpoint into an opbuffer checkpoint, and back
+  out in the shape of Spark's ``initialState``.
 
 The decorated function itself stays a valid ``applyInPandasWithState``
 function (see :mod:`buffering.decorators`).
 """
 
 from .sinks import DeltaSink, NoopSink, ParquetSink
+from .migrate import export_state, import_state
 from .stream import BatchMetrics, StreamRunner, run_stream
 
 try:  # the bounded runner lands separately
@@ -19,4 +23,4 @@ try:  # the bounded runner lands separately
 except ImportError:  # pragma: no cover
     pass
 
-__all__ = ["BatchMetrics", "DeltaSink", "NoopSink", "ParquetSink", "StreamRunner", "run_batch", "run_stream"]
+__all__ = ["BatchMetrics", "DeltaSink", "NoopSink", "ParquetSink", "StreamRunner", "export_state", "import_state", "run_batch", "run_stream"]

@@ -91,6 +91,9 @@ class TaskPlan:
     checkpoint_key: Optional[bytes] = field(default=None, repr=False)
     #: The state's schema (Spark's stateStructType conversions on store); None: no conversion.
     state_schema: Optional[StateSchema] = None
+    #: Spark's micro-batch ``b`` writes version ``b + batch_offset`` (not 0 for an imported checkpoint,
+    #: see ``StreamRunner.batch_offset``).
+    batch_offset: int = 0
     #: A processor's initial state (pandas), applied to each instance before the first version.
     initial_state: Any = field(default=None, repr=False)
 
@@ -222,7 +225,7 @@ def combine_and_tag(plan: TaskPlan, host_keys: tuple[int, ...], batches: Iterato
     from pyspark import TaskContext
 
     storage = _storage(plan)
-    context = recorded_context(storage, streaming_batch_id(storage))
+    context = recorded_context(storage, streaming_batch_id(storage, plan.batch_offset))
     keys = np.asarray(host_keys, dtype=np.int64)
     for frame in combine_partition(plan, context, batches):
         groups = key_groups_of(frame, plan.key_columns, plan.key_types, plan.max_parallelism)
@@ -416,19 +419,19 @@ def _run_task(
 
 
 # ---------------------------------------------------------------- hosted in Spark's stateful operator
-def streaming_batch_id(storage: CheckpointStorage) -> int:
-    """The micro-batch this task belongs to.
+def streaming_batch_id(storage: CheckpointStorage, batch_offset: int = 0) -> int:
+    """The version of the micro-batch this task belongs to (Spark's batch id + ``batch_offset``).
 
-    Spark sets it as a task-local property in the query's own jobs; the jobs
-    that Spark Connect's foreachBatch starts run on another thread without it,
-    and read the batch the driver recorded as running instead.
+    Spark sets the batch id as a task-local property in the query's own jobs; the
+    jobs that Spark Connect's foreachBatch starts run on another thread without
+    it, and read the version the driver recorded as running instead.
     """
     from pyspark import TaskContext
 
     context = TaskContext.get()
     value = context.getLocalProperty("streaming.sql.batchId") if context is not None else None
     if value is not None:
-        return int(value)
+        return int(value) + batch_offset
     running = storage.running_batch()
     if running is None:
         raise RuntimeError(
@@ -519,7 +522,7 @@ def host_instance(
     """
     index = host_keys.index(int(key[0]))
     storage = _storage(plan)
-    context = recorded_context(storage, streaming_batch_id(storage))
+    context = recorded_context(storage, streaming_batch_id(storage, plan.batch_offset))
 
     def rows() -> Iterator[pd.DataFrame]:
         for frame in frames:

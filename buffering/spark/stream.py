@@ -198,6 +198,10 @@ class StreamRunner:
                 "Spark's own checkpoint holds the plan of the first run (restart with the same placement)"
             )
         self.placement: str = placement or stored or new_placement
+        #: Spark's micro-batch ``b`` commits version ``b + batch_offset``: 0, unless the checkpoint
+        #: was imported (``buffering.spark.import_state``), whose versions come before the first
+        #: batch of the new Spark checkpoint. Every commit records it, so restarts keep it.
+        self.batch_offset = int(manifest.metadata.get(BATCH_OFFSET_FIELD, 0)) if manifest is not None else 0
         self.timeout_conf = timeout_conf(timeout)
         fields = [f.name for f in input_schema.fields]
         if event_time is not None and event_time not in fields:
@@ -257,6 +261,7 @@ class StreamRunner:
             # Stable across driver restarts, so a restarted query finds its workers' working stores.
             query_id=xxhash.xxh64_hexdigest(json.dumps([location, self.key_columns, parallelism]).encode()),
             checkpoint_key=self.storage.checkpoint_key,
+            batch_offset=self.batch_offset,
             initial_state=initial_frame,
         )
         self._internal_schema = self._with_report(nullable(self.output_schema))
@@ -411,7 +416,7 @@ class StreamRunner:
         from pyspark.sql import functions as F
 
         started = time.perf_counter()
-        version = int(batch_id)
+        version = int(batch_id) + self.batch_offset
         context, max_event = self.context(version)
         already_committed = self.storage.has_version(version)
         task_sink = self._task_sink
@@ -455,6 +460,7 @@ class StreamRunner:
                             key_types=self.key_types,
                             parallelism=self.parallelism,
                             placement=self.placement,
+                            **({BATCH_OFFSET_FIELD: self.batch_offset} if self.batch_offset else {}),
                         ),
                         retain=self.retain,
                         max_parallelism=self.max_parallelism,
@@ -539,6 +545,9 @@ class StreamRunner:
                 out.append(BatchMetrics.from_record(record))
         return out
 
+
+#: The manifest metadata field that holds :attr:`StreamRunner.batch_offset` (absent: 0).
+BATCH_OFFSET_FIELD = "spark_batch_offset"
 
 #: The field of a batch metrics record that names the query run (``StreamRunner.run_id``) that wrote it.
 RUN_ID_FIELD = "run_id"
@@ -713,6 +722,9 @@ def run_stream(
         output_schema: StructType or DDL string of fn's output (inferred for aggregate()).
         checkpoint_location: where state versions live (local path or fsspec URL).
             Spark's own offsets go to ``{checkpoint_location}/_spark`` for a local path.
+            A checkpoint written by ``buffering.spark.import_state`` (version 0) needs a
+            new Spark checkpoint: its micro-batch ``b`` commits version ``b + 1`` (the
+            manifest's ``spark_batch_offset``), and the sink is handed that version.
         sink: ``callable(out_df, batch_id)``, a :mod:`buffering.spark.sinks` sink, or
             ``"parquet:PATH"`` / ``"delta:PATH"`` / ``"noop"``. It must be idempotent by batch id
             (the built-in ones are) for end-to-end exactly-once.

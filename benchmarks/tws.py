@@ -20,7 +20,13 @@ End to end, per key cardinality (fresh checkpoint and output directories per run
            with the RocksDB state store provider (Spark 4.3 refuses any other
            for transformWithState), ``foreachBatch`` into a parquet sink;
 (opbuffer) ``run_stream(stream, cached_state(max_entries=...)(CountAndLast10()), key="tweet", ...)``
-           with the same parquet sink.
+           with the same parquet sink;
+(floor)    the same source, ``foreachBatch``: ``repartition(P, "tweet")``, an identity
+           ``mapInPandas`` and the ``noop`` sink: moving the rows through a shuffle into
+           Python and back, what any runner of Python state must do at least. With the
+           processor's own cost (the (dict) loop below, per call, times the calls,
+           spread over the cores) it bounds how much faster than Spark any such runner
+           can be: ``ceiling = spark / (floor + own cost)``, printed with the ratio.
 
 Timed: query build + start .. ``awaitTermination()`` returns, after an untimed
 warm-up run of each. Checked: both emit, as their last row per tweet, the
@@ -82,7 +88,7 @@ BATCHES = 4
 KEYS = (10_000, 100_000)
 #: --quick: sized from a measured Spark run (see the report): about 3 minutes in all on 2 shared cores.
 QUICK = {"rows": 100_000, "keys": (1_000, 5_000), "micro_keys": 5_000, "micro_rounds": 3, "access_ops": 100_000}
-VARIANTS = ("spark", "opbuffer")
+VARIANTS = ("spark", "opbuffer", "floor")
 KEEP = 10
 ACCESSES_PER_CALL = 4
 
@@ -210,6 +216,22 @@ def run_variant(spark: Any, source: str, root: str, variant: str, args: argparse
             .start()
         )
         query.awaitTermination()
+    elif variant == "floor":
+        parallelism = args.parallelism
+        schema = stream.schema
+
+        def floor(batch_df: Any, batch_id: int) -> None:
+            (batch_df.repartition(parallelism, "tweet").mapInPandas(_identity, schema)
+             .write.format("noop").mode("overwrite").save())
+
+        query = (
+            stream.writeStream.foreachBatch(floor)
+            .option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+        result["out"] = None
     elif variant == "opbuffer":
         query = run_stream(
             stream,
@@ -233,6 +255,10 @@ def run_variant(spark: Any, source: str, root: str, variant: str, args: argparse
     result["batch_seconds"] = _batch_seconds(_progress(query))
     result["load_after"] = list(os.getloadavg())
     return result
+
+
+def _identity(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    yield from batches
 
 
 def verify(views: pd.DataFrame, outs: dict[str, str]) -> dict[str, Any]:
@@ -528,7 +554,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
                     log(f"[{card}] ({v}) {r['seconds']:.2f} s; batches "
                         f"{'/'.join(f'{s:.1f}' for s in r['batch_seconds'])} s; "
                         f"load {r['load_before'][0]:.2f} -> {r['load_after'][0]:.2f}")
-                check = verify(views, {v: r["out"] for v, r in runs.items()})
+                check = verify(views, {v: r["out"] for v, r in runs.items() if r["out"] is not None})
                 check["problems"] += [f"({v}) failed: {e}" for v, e in errors.items()]
                 check["ok"] = not check["problems"]
                 for problem in check["problems"]:
@@ -563,6 +589,18 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
                           f"{m.get('task_seconds_max', 0):.2f} s (tasks sum {m.get('task_seconds_sum', 0):.2f} s, "
                           f"checkpoint {m.get('checkpoint_seconds', 0):.2f} s), sink {m.get('sink_seconds', 0):.2f} s, "
                           f"commit {m.get('commit_seconds', 0):.2f} s, calls {m.get('calls', 0):,}, instances {starts}")
+                seconds = c.get("seconds", {})
+                own_us = results.get("micro", {}).get("dict_call_us")
+                if "spark" in seconds and "floor" in seconds:
+                    # The processor's own work, spread over the cores, on top of moving the rows.
+                    own_s = (own_us or 0.0) * 1e-6 * sum(c.get("calls_per_batch", [])) / max(1, args.parallelism)
+                    ceiling = seconds["spark"] / (seconds["floor"] + own_s)
+                    c["ceiling_vs_spark"] = ceiling
+                    c["own_cost_seconds"] = own_s
+                    print(f"ceiling [{card}]: spark {seconds['spark']:.1f} s / (floor {seconds['floor']:.1f} s + the "
+                          f"processor's own cost {own_s:.1f} s) = {ceiling:.2f}x: no runner that moves the rows into "
+                          f"Python and calls the processor can be faster than Spark by more"
+                          + ("" if own_us is not None else " (own cost not measured: --no-micro)"))
                 if c.get("speedup_vs_spark") is not None and card == max(cards):
                     targets.append(check_target(f"opbuffer vs Spark at {card} keys", c["speedup_vs_spark"],
                                                 TARGET_VS_SPARK, unit="x"))

@@ -35,6 +35,7 @@ back as days since the epoch), which is not repeated here.
 from __future__ import annotations
 
 import copy
+from itertools import chain
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import pandas as pd
@@ -100,6 +101,7 @@ def _python_value(value: Any) -> Any:
 
 
 _PLAIN_VALUES = frozenset((int, float, str, bytes, bool, type(None)))
+_TUPLE = frozenset((tuple,))
 
 
 def _row(value: Any, kind: str, name: str) -> tuple:
@@ -116,6 +118,14 @@ def _row(value: Any, kind: str, name: str) -> tuple:
     elif isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
         raise TypeError(f"{kind} {name!r}: a state value must be a tuple (one element per schema field), got {value!r:.200}")
     return tuple(_python_value(v) for v in value)
+
+
+def _rows(values: Any, kind: str, name: str) -> list:
+    """:func:`_row` of many values, checked in C when they are all tuples of plain scalars (the usual case)."""
+    values = list(values)
+    if _TUPLE.issuperset(map(type, values)) and _PLAIN_VALUES.issuperset(map(type, chain.from_iterable(values))):
+        return values
+    return [_row(v, kind, name) for v in values]
 
 
 class _Variable:
@@ -135,9 +145,13 @@ class _Variable:
         self.table: RocksDBStore
         self.expiry: Optional[OrderedExpiryIndex] = None
 
+    @property
+    def caches(self) -> list[WriteBackCache]:
+        return [self.cache]
+
     def bind(self, root: RocksDBStore) -> list[tuple[str, RocksDBStore]]:
         """Open (or reopen) this variable's tables on ``root``; returns them by name."""
-        group_columns = None if self.kind == "value" else self.runtime.group_columns
+        group_columns = self.runtime.group_columns if self.kind == "map" else None
         self.table = root.table(self.table_name, group_columns=group_columns)
         cache = getattr(self, "cache", None)
         if cache is None:
@@ -226,28 +240,47 @@ class _ValueVariable(_Variable, ValueState):
 class _ListVariable(_Variable, ListState):
     """A list in chunks of LIST_CHUNK elements; with TTL each element carries its own expiry (as Spark).
 
-    Chunk 0 is the head ``[count, first elements]``: a list of up to
-    LIST_CHUNK elements is one entry, so reading it is one cache lookup, and an
-    append changes the head (its count) and the last chunk only.
+    The head ``[count, first elements]`` is keyed by the grouping key alone
+    (``tws.list.<name>``, like a ValueState: a list of up to LIST_CHUNK
+    elements is one lookup of the cache's fastest kind); chunks 1, 2, ... are
+    in ``tws.list-chunks.<name>`` under grouping key + chunk number. An append
+    changes the head (its count) and the last chunk only.
     """
 
     kind = "list"
 
     def __init__(self, runtime: "ProcessorRuntime", name: str, ttl_ms: Optional[int]) -> None:
         _Variable.__init__(self, runtime, name, ttl_ms)
+        self.chunks_name = f"tws.list-chunks.{name}"
+        self.chunks: WriteBackCache
 
-    def _key(self, chunk: int) -> NormalizedKey:
-        return self.runtime.group + (chunk,)  # an int is its own normalized element
+    def bind(self, root: RocksDBStore) -> list[tuple[str, RocksDBStore]]:
+        tables = _Variable.bind(self, root)
+        chunks_table = root.table(self.chunks_name, group_columns=self.runtime.group_columns)
+        if getattr(self, "chunks", None) is None:
+            self.chunks = self.runtime.make_cache(chunks_table, self.chunks_name)
+        else:
+            self.chunks.rebind(chunks_table)
+        self.chunks_table = chunks_table
+        return tables + [(self.chunks_name, chunks_table)]
+
+    @property
+    def caches(self) -> list[WriteBackCache]:
+        return [self.cache, self.chunks]
+
+    def _chunk_keys(self, first: int, stop: int) -> list[NormalizedKey]:
+        group = self.runtime.group
+        return [group + (i,) for i in range(first, stop)]  # an int is its own normalized element
 
     def _elements(self) -> list:
-        head = self.cache.get(self._key(0))
+        head = self.cache.get(self.runtime.nkey)
         if head is None:
             return []
         count, first = head
         if count <= LIST_CHUNK:
             return list(first)
         out = list(first)
-        for chunk in self.cache.get_many([self._key(i) for i in range(1, (count + LIST_CHUNK - 1) // LIST_CHUNK)]):
+        for chunk in self.chunks.get_many(self._chunk_keys(1, (count + LIST_CHUNK - 1) // LIST_CHUNK)):
             out.extend(chunk)
         return out
 
@@ -262,31 +295,37 @@ class _ListVariable(_Variable, ListState):
         return iter([value for value, at in elements if at > now])
 
     def _entries(self, values: list[tuple]) -> list:
+        rows = _rows(values, "ListState", self.name)
         if self.ttl_ms is None:
-            name = self.name
-            return [_row(v, "ListState", name) for v in values]
+            return rows
         at = self.expires_at()
-        return [(_row(v, "ListState", self.name), at) for v in values]
+        return [(row, at) for row in rows]
 
     def put(self, newState: list[tuple]) -> None:
         self._write(self._entries(newState))
 
     def _write(self, entries: list) -> None:
-        head = self.cache.get(self._key(0))
+        nkey = self.runtime.nkey
+        head = self.cache.get(nkey)
+        n = len(entries)
+        if n <= LIST_CHUNK and (head is None or head[0] <= LIST_CHUNK) and self.expiry is None:
+            # The usual case: the list is, and was, its head alone.
+            if n:
+                self.cache.put(nkey, [n, entries])
+            elif head is not None:
+                self.cache.delete(nkey)
+            return
         old_chunks = 0 if head is None else (head[0] + LIST_CHUNK - 1) // LIST_CHUNK
-        if entries:
-            self.cache.put(self._key(0), [len(entries), entries[:LIST_CHUNK]])
-            new_chunks = (len(entries) + LIST_CHUNK - 1) // LIST_CHUNK
-            for i in range(1, new_chunks):
-                self.cache.put(self._key(i), entries[i * LIST_CHUNK : (i + 1) * LIST_CHUNK])
-        else:
-            new_chunks = 0
-            if head is not None:
-                self.cache.delete(self._key(0))
-        for i in range(max(new_chunks, 1), old_chunks):
-            self.cache.delete(self._key(i))
+        new_chunks = (n + LIST_CHUNK - 1) // LIST_CHUNK
+        if n:
+            self.cache.put(nkey, [n, entries if n <= LIST_CHUNK else entries[:LIST_CHUNK]])
+            for i, key in enumerate(self._chunk_keys(1, new_chunks), start=1):
+                self.chunks.put(key, entries[i * LIST_CHUNK : (i + 1) * LIST_CHUNK])
+        elif head is not None:
+            self.cache.delete(nkey)
+        if old_chunks > max(new_chunks, 1):
+            self.chunks.delete_many(self._chunk_keys(max(new_chunks, 1), old_chunks))
         if self.expiry is not None:
-            nkey = self._key(0)
             if entries:
                 self.expiry.set(nkey, min(at for _, at in entries))
             else:
@@ -299,45 +338,43 @@ class _ListVariable(_Variable, ListState):
         new = self._entries(newState)
         if not new:
             return
-        key0 = self._key(0)
-        head = self.cache.get(key0)
+        nkey = self.runtime.nkey
+        head = self.cache.get(nkey)
         if head is None:
             self._write(new)
             return
         count = head[0]
         last = (count - 1) // LIST_CHUNK
-        chunk = head[1] if last == 0 else self.cache.get(self._key(last))
+        chunk = head[1] if last == 0 else self.chunks.get(self.runtime.group + (last,))
         for entry in new:
             if len(chunk) == LIST_CHUNK:
                 if last:
-                    self.cache.put(self._key(last), chunk)
+                    self.chunks.put(self.runtime.group + (last,), chunk)
                 last += 1
                 chunk = []
             chunk.append(entry)  # in place: the cached chunk is this process's live object
         if last:
-            self.cache.put(self._key(last), chunk)
+            self.chunks.put(self.runtime.group + (last,), chunk)
         head[0] = count + len(new)
-        self.cache.put(key0, head)
-        if self.expiry is not None and self.expiry.expires_at(key0) is None:
-            self.expiry.set(key0, min(at for _, at in new))
+        self.cache.put(nkey, head)
+        if self.expiry is not None and self.expiry.expires_at(nkey) is None:
+            self.expiry.set(nkey, min(at for _, at in new))
 
     def clear(self) -> None:
         self._write([])
 
     drop_all = clear
 
+    def purge(self) -> None:
+        _Variable.purge(self)
+        self.chunks.flush()
+        for key, _ in list(self.chunks_table.items()):
+            self.chunks.delete(key)
+
     def _expire(self, nkey: NormalizedKey, now: int) -> None:
         # The index holds the earliest expiry of the key's elements: drop the expired ones, keep the rest.
         with self.runtime.at_group(nkey):
             self._write([(v, at) for v, at in self._elements() if at > now])
-
-    def sweep(self, now: int) -> int:
-        if self.expiry is None:
-            return 0
-        due = self.expiry.pop_due(now)
-        for nkey in due:
-            self._expire(nkey, now)  # sets the next earliest expiry of what is kept
-        return len(due)
 
 
 class _MapVariable(_Variable, MapState):
@@ -580,7 +617,7 @@ class ProcessorRuntime:
 
     @property
     def caches(self) -> list[WriteBackCache]:
-        return [v.cache for v in self.variables.values()]
+        return [cache for v in self.variables.values() for cache in v.caches]
 
     def reload(self) -> None:
         """After a restore or adoption: rebuild the timer and expiry indexes from their tables."""

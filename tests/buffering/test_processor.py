@@ -117,9 +117,11 @@ def test_a_list_append_rewrites_only_the_last_chunk_and_the_count():
     instance.process(batch([1] * 1000, list(range(1000))), 0, -1)
     instance.end_of_batch(0, -1)
     changed_entries(instance, "tws.list.items")
+    changed_entries(instance, "tws.list-chunks.items")
     instance.process(batch([1], [1000]), 0, -1)
     instance.end_of_batch(0, -1)
-    assert changed_entries(instance, "tws.list.items") == 2  # the count and the last chunk
+    assert changed_entries(instance, "tws.list.items") == 1  # the head: its count
+    assert changed_entries(instance, "tws.list-chunks.items") == 1  # the last chunk
     instance.processor.set_key(1)
     assert len(list(instance.processor.variables["items"].get())) == 1001
     assert 1000 // LIST_CHUNK > 1
@@ -362,7 +364,9 @@ def test_cache_bounds_apply_to_each_variables_table():
     runner = LocalRunner(cached_state(max_entries=10)(RunningCount()), key="id")
     runner.process(batch(list(range(100))))
     caches = runner.stats()["instances"][0]["caches"]
-    assert set(caches) == {"tws.value.count[0/1]", "tws.list.last[0/1]", "tws.map.per_value[0/1]"}
+    assert set(caches) == {
+        "tws.value.count[0/1]", "tws.list.last[0/1]", "tws.list-chunks.last[0/1]", "tws.map.per_value[0/1]"
+    }
     assert all(c["entries"] <= 10 for c in caches.values())
     assert state_of(runner, "count", 42) == (1,)
 

@@ -31,7 +31,15 @@ from .decorators import check_operator_key, spec_of
 from .processor import processor_timeout
 from .frames import concat_frames
 from .operator import OperatorInstance
-from .protocol import check_checkpoint_fits, check_delay_ms, commit_metadata, drop_late_rows, watermark_for
+from .protocol import (
+    WATERMARK_FIELD,
+    check_checkpoint_fits,
+    check_delay_ms,
+    commit_metadata,
+    drop_late_rows,
+    late_rows_watermark,
+    watermark_for,
+)
 
 Clock = Callable[[], int]
 
@@ -332,6 +340,9 @@ class LocalRunner:
         started = time.perf_counter()
         processing_time = self._processing_time(version)
         watermark = self.watermark_ms
+        late_watermark = late_rows_watermark(
+            self.spec, watermark, dict(self._manifest.metadata) if self._manifest is not None else None
+        )
         instances = self.instances
         outputs: list[pd.DataFrame] = []
         max_event_time = self._max_event_time_ms
@@ -341,7 +352,9 @@ class LocalRunner:
             for i, part in self._parts(self.initial_state.reset_index(drop=True)):
                 instances[i].apply_initial_state(part, processing_time, watermark)
         if pdf is not None and len(pdf):
-            frame, dropped_late, batch_max = drop_late_rows(pdf.reset_index(drop=True), self.event_time, self.timeout_conf, watermark)
+            frame, dropped_late, batch_max = drop_late_rows(
+                pdf.reset_index(drop=True), self.event_time, self.timeout_conf, late_watermark
+            )
             max_event_time = max(max_event_time, batch_max)
             for i, part in self._parts(frame):
                 outputs.extend(instances[i].process(part, processing_time, watermark))
@@ -361,6 +374,7 @@ class LocalRunner:
                 key_types=self.key_types,
                 parallelism=self.parallelism,
                 time_offset_ms=self._time_offset_ms,
+                **{WATERMARK_FIELD: watermark},
             ),
             max_parallelism=self.max_parallelism,
         )

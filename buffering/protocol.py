@@ -97,6 +97,25 @@ def watermark_for(max_event_time_ms: int, delay_ms: float, has_event_time: bool)
     return max(0, int(max_event_time_ms - delay_ms))
 
 
+#: Commit metadata: the event-time watermark a batch ran with (the next batch's watermark for late rows).
+WATERMARK_FIELD = "watermark_ms"
+
+
+def late_rows_watermark(spec: Any, watermark_ms: int, previous_metadata: Optional[dict]) -> int:
+    """The watermark rows are filtered by as late: a processor's is the previous batch's, as Spark's.
+
+    Spark's transformWithState drops rows at or before the watermark *for late
+    events* (the watermark the previous batch ran with) and fires timers by the
+    watermark *for eviction* (``watermark_ms``). applyInPandasWithState
+    functions keep using ``watermark_ms`` for both (a difference the README
+    documents). Without a previous batch, or one that did not record its
+    watermark, ``watermark_ms``.
+    """
+    if getattr(spec, "processor", None) is None or not previous_metadata:
+        return watermark_ms
+    return int(previous_metadata.get(WATERMARK_FIELD, watermark_ms))
+
+
 def drop_late_rows(
     frame: pd.DataFrame, event_time: Optional[str], timeout_conf: str, watermark_ms: int
 ) -> tuple[pd.DataFrame, int, int]:

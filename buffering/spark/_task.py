@@ -106,6 +106,12 @@ class BatchContext:
     previous_version: Optional[int]
     processing_time_ms: int
     watermark_ms: int
+    #: What rows are filtered by as late (see protocol.late_rows_watermark); None: ``watermark_ms``.
+    late_watermark_ms: Optional[int] = None
+
+    @property
+    def late_rows_watermark_ms(self) -> int:
+        return self.watermark_ms if self.late_watermark_ms is None else self.late_watermark_ms
 
 
 @dataclass(frozen=True)
@@ -191,7 +197,7 @@ def combine_partition(plan: TaskPlan, context: BatchContext, batches: Iterator[p
     assert aggs is not None
     frames = []
     for frame in batches:
-        frame, _, _ = drop_late_rows(plan, frame, context.watermark_ms)
+        frame, _, _ = drop_late_rows(plan, frame, context.late_rows_watermark_ms)
         if len(frame):
             frames.append(frame)
     if not frames:
@@ -354,7 +360,7 @@ def _run_task(
                     accumulators = [pickle.loads(b) for b in part[ACCUMULATOR_COLUMN].tolist()]
                 out = instance.process_accumulators(nkeys, accumulators, part[ROWS_COLUMN].tolist(), now, watermark)
             else:
-                part, late, event = drop_late_rows(plan, part, watermark)
+                part, late, event = drop_late_rows(plan, part, context.late_rows_watermark_ms)
                 dropped += late
                 max_event = max(max_event, event)
                 out = instance.process(part, now, watermark)
@@ -450,8 +456,13 @@ def recorded_context(storage: CheckpointStorage, version: int) -> BatchContext:
     if record is None or "watermark_ms" not in record:
         raise RuntimeError(f"batch {version} has no recorded context in {storage!r}: the driver records it before the batch runs")
     previous = record.get("previous_version")
+    late = record.get("late_watermark_ms")
     return BatchContext(
-        version, None if previous is None else int(previous), int(record["processing_time_ms"]), int(record["watermark_ms"])
+        version,
+        None if previous is None else int(previous),
+        int(record["processing_time_ms"]),
+        int(record["watermark_ms"]),
+        None if late is None else int(late),
     )
 
 

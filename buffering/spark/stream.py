@@ -40,7 +40,7 @@ from state.keygroups import DEFAULT_MAX_PARALLELISM, check_max_parallelism
 
 from ..decorators import check_operator_key, spec_of
 from ..processor import processor_timeout
-from ..protocol import check_checkpoint_fits, commit_metadata, watermark_for
+from ..protocol import WATERMARK_FIELD, check_checkpoint_fits, commit_metadata, late_rows_watermark, watermark_for
 from . import _task
 from ._sql_combine import sql_exprs, sql_partials
 from ._plan import is_connect, key_list, key_types_of, nullable, operator_index_sql, output_schema_for
@@ -328,12 +328,20 @@ class StreamRunner:
         """The batch's context (and the max event time before it), from the committed version before it."""
         previous = self.storage.latest_version(before=version)
         max_event = NO_TIMESTAMP
+        metadata: Optional[dict] = None
         if previous is not None:
-            max_event = int(self.storage.read_manifest(previous).metadata.get("max_event_time_ms", NO_TIMESTAMP))
+            metadata = dict(self.storage.read_manifest(previous).metadata)
+            max_event = int(metadata.get("max_event_time_ms", NO_TIMESTAMP))
         watermark = watermark_for(max_event, self.watermark_delay_ms, self.event_time is not None)
+        late = late_rows_watermark(self.spec, watermark, metadata)
         # Hosted tasks get no closure per batch: they read what they must decide alike from the record.
-        decisions = {"previous_version": previous, "watermark_ms": watermark} if self.placement == "executor" else {}
-        return BatchContext(version, previous, self._processing_time(version, **decisions), watermark), max_event
+        decisions = (
+            {"previous_version": previous, "watermark_ms": watermark, "late_watermark_ms": late}
+            if self.placement == "executor"
+            else {}
+        )
+        context = BatchContext(version, previous, self._processing_time(version, **decisions), watermark, late)
+        return context, max_event
 
     def hosted_stream(self, df: Any, host_keys: Sequence[int]) -> Any:
         """placement="executor": the streaming DataFrame whose micro-batches run the operator instances.
@@ -460,6 +468,7 @@ class StreamRunner:
                             key_types=self.key_types,
                             parallelism=self.parallelism,
                             placement=self.placement,
+                            **{WATERMARK_FIELD: context.watermark_ms},
                             **({BATCH_OFFSET_FIELD: self.batch_offset} if self.batch_offset else {}),
                         ),
                         retain=self.retain,

@@ -391,3 +391,20 @@ def test_delete_if_exists_purges_the_variable_for_every_key():
     runner.process(batch([1, 2, 3]))
     runner.process(batch([1], [-1]))
     assert [state_of(runner, "count", k) for k in (1, 2, 3)] == [None, None, None]
+
+
+class LateRows(StatefulProcessor):
+    def init(self, handle: Any) -> None:
+        self.handle = handle
+
+    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Iterator[pd.DataFrame]:
+        yield pd.DataFrame({"id": [int(key[0])], "ts": [int(max(pdf["ts"].max() for pdf in rows))]})
+
+
+def test_in_event_time_rows_are_late_by_the_previous_batchs_watermark_as_in_spark():
+    runner = LocalRunner(LateRows(), key="id", time_mode="EventTime", event_time="ts", clock=Clock())
+    runner.process(pd.DataFrame({"id": [1], "ts": [10_000]}))  # ran with watermark 0
+    out = runner.process(pd.DataFrame({"id": [2, 3], "ts": [4_000, 0]}))  # watermark 10 s; late rows: by 0
+    assert sorted(out.itertuples(index=False, name=None)) == [(2, 4_000)]
+    out = runner.process(pd.DataFrame({"id": [4, 5], "ts": [9_000, 10_001]}))  # late rows: by 10 s
+    assert sorted(out.itertuples(index=False, name=None)) == [(5, 10_001)]

@@ -503,10 +503,6 @@ class Scenario:
     why: str = ""
 
 
-LATE_ROWS = (
-    "opbuffer drops rows at or before the current watermark; Spark drops by the previous batch's watermark "
-    "(batch 1 keeps the row at 4 s under a 10 s watermark, and its timer at 10 s then fires)"
-)
 #: TTL of the expiry scenario, and how long its sink sleeps after each batch but the last.
 TTL_MS = 12_000
 TTL_SLEEP_S = 7.0
@@ -670,7 +666,6 @@ SCENARIOS = [
             [("a", "4"), ("a-expired", "10000")],
             [("a", "15"), ("a-expired", "10000")],
         ],
-        known={"local": LATE_ROWS, "run_stream": LATE_ROWS},
         why=(
             "upstream test_transform_with_state_event_time. Spark filters late rows by the previous batch's "
             "watermark (row 4 s in batch 1 is kept although the watermark is 10 s) and fires timers by the "

@@ -408,3 +408,43 @@ def test_in_event_time_rows_are_late_by_the_previous_batchs_watermark_as_in_spar
     assert sorted(out.itertuples(index=False, name=None)) == [(2, 4_000)]
     out = runner.process(pd.DataFrame({"id": [4, 5], "ts": [9_000, 10_001]}))  # late rows: by 10 s
     assert sorted(out.itertuples(index=False, name=None)) == [(5, 10_001)]
+
+
+class Snooze(StatefulProcessor):
+    """Registers a timer at 100; a row with v == -1 deletes it again."""
+
+    closed = 0
+
+    def init(self, handle: Any) -> None:
+        self.handle = handle
+
+    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Iterator[pd.DataFrame]:
+        values = [v for pdf in rows for v in pdf["v"].tolist()]
+        if -1 in values:
+            self.handle.deleteTimer(100)
+        else:
+            self.handle.registerTimer(100)
+        return iter([])
+
+    def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[pd.DataFrame]:
+        yield pd.DataFrame({"id": [int(key[0])], "fired": [expiredTimerInfo.getExpiryTimeInMs()], "timers": [""]})
+
+    def close(self) -> None:
+        Snooze.closed += 1
+
+
+def test_a_deleted_timer_never_fires():
+    clock = Clock(0)
+    runner = LocalRunner(Snooze(), key="id", time_mode="ProcessingTime", clock=clock)
+    runner.process(batch([1, 2]))
+    runner.process(batch([2], [-1]))
+    clock.now = 100
+    assert fired(runner.advance_time(0)) == [(1, 100)]
+
+
+def test_closing_the_runner_closes_each_instances_processor():
+    Snooze.closed = 0
+    runner = LocalRunner(Snooze(), key="id", parallelism=2)
+    runner.process(batch([1, 2, 3]))
+    runner.close()
+    assert Snooze.closed == 2

@@ -17,6 +17,7 @@ import pytest
 import buffering
 from buffering import ApproxDistinct, Count, LocalRunner, spec_of
 from buffering.spark.bounded import BoundedPlan, process_partition, run_batch
+from pyspark.sql.streaming import StatefulProcessor
 from state.group_state import GroupStateTimeout
 
 STATS_SCHEMA = "tweet long, n long, users long"
@@ -329,3 +330,42 @@ def test_missing_output_column_fails_the_job(spark: Any) -> None:
     with pytest.raises(Exception, match=r"output column\(s\) \['xs2'\]"):  # a PythonException from the task
         run_batch(df, count_and_list, key="tweet", output_schema="tweet long, n long, xs2 array<long>",
                   parallelism=1, progress=False).collect()  # one task: its retries are the only repeats
+
+
+# ------------------------------------------------------------------ transformWithStateInPandas processors
+
+
+class CountThenRemind(StatefulProcessor):
+    """Rows per key in a ValueState; a timer emits the count again, negated, when it fires."""
+
+    def init(self, handle: Any) -> None:
+        self.handle = handle
+        self.count = handle.getValueState("count", "count long")
+
+    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Iterator[pd.DataFrame]:
+        n = (self.count.get() or (0,))[0] + sum(len(f) for f in rows)
+        self.count.update((n,))
+        self.handle.registerTimer(timerValues.getCurrentProcessingTimeInMs() + 10)
+        yield pd.DataFrame({"tweet": [int(key[0])], "n": [n]})
+
+    def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[pd.DataFrame]:
+        yield pd.DataFrame({"tweet": [int(key[0])], "n": [-self.count.get()[0]]})
+
+
+def test_partition_function_runs_a_processor_per_key_and_fires_its_timers_when_its_rows_end() -> None:
+    pdf = pd.DataFrame({"tweet": [1, 1, 2, 2, 2], "x": range(5)})
+    plan = plan_for(CountThenRemind(), ("tweet", "n"), timeout_conf=GroupStateTimeout.ProcessingTimeTimeout,
+                    key_types=("long",))
+    out = pd.concat(process_partition(plan, iter(split(pdf, [1, 3, 1]))))
+    assert out.values.tolist() == [[1, 2], [1, -2], [2, 3], [2, -3]]
+
+
+@pytest.mark.spark
+def test_run_batch_runs_a_processor_with_one_call_per_key(spark: Any) -> None:
+    pdf = views()
+    out = run_batch(spark.createDataFrame(pdf), CountThenRemind(), key="tweet", output_schema="tweet long, n long",
+                    time_mode="ProcessingTime", progress=False)
+    got = collect(out, ["tweet", "n"])
+    counts = pdf.groupby("tweet").size()
+    expected = sorted([(int(t), int(n)) for t, n in counts.items()] + [(int(t), -int(n)) for t, n in counts.items()])
+    assert sorted(got.itertuples(index=False, name=None)) == expected

@@ -28,7 +28,7 @@ from state.keys import key_groups_of_longs, normalize_key, normalize_types, spar
 
 from .buffer import factorize_keys
 from .decorators import check_operator_key, spec_of
-from .processor import processor_timeout
+from .processor import check_initial_state, processor_timeout
 from .frames import concat_frames
 from .operator import OperatorInstance
 from .protocol import (
@@ -212,9 +212,7 @@ class LocalRunner:
         if initial_state is not None and not isinstance(initial_state, pd.DataFrame):
             raise TypeError(f"initial_state must be a pandas DataFrame, got {type(initial_state).__name__}")
         if initial_state is not None:
-            missing = [c for c in self.key_columns if c not in initial_state.columns]
-            if missing:
-                raise KeyError(f"initial_state lacks the key column(s) {missing} (it has {list(initial_state.columns)})")
+            check_initial_state(initial_state, self.key_columns)
         self.initial_state = initial_state
         self.version: Optional[int] = None
         self._highest_version: Optional[int] = None  # of every version ever committed, set-aside ones too

@@ -478,6 +478,8 @@ class OperatorInstance:
         outputs.extend(self.fire_timers(processing_time_ms, watermark_ms))
         if self.ttl is not None:
             self.sweep_expired(processing_time_ms)
+        if self.processor is not None:
+            self.metrics.expired += self.processor.sweep()
         return outputs
 
     def sweep_expired(self, processing_time_ms: int) -> int:
@@ -555,12 +557,17 @@ class OperatorInstance:
         self.metrics.rows_out += len(keys)
         return [aggs.results_frame(dict(zip(keys, merged)), self.key_columns, keys)]
 
-    def _flush_processor(
-        self, items: Iterable[tuple[NormalizedKey, pd.DataFrame]], processing_time_ms: int, watermark_ms: int
-    ) -> list[pd.DataFrame]:
+    def _processor_at(self, processing_time_ms: int, watermark_ms: int) -> ProcessorRuntime:
+        """The processor, set to the batch's times (the watermark only with an event-time column)."""
         runtime = self.processor
         assert runtime is not None
         runtime.set_times(processing_time_ms, watermark_ms if self.watermark_present else NO_TIMESTAMP)
+        return runtime
+
+    def _flush_processor(
+        self, items: Iterable[tuple[NormalizedKey, pd.DataFrame]], processing_time_ms: int, watermark_ms: int
+    ) -> list[pd.DataFrame]:
+        runtime = self._processor_at(processing_time_ms, watermark_ms)
         outputs = FrameCollector()
         for nkey, rows in items:
             frames = runtime.handle_rows(nkey, rows)
@@ -572,10 +579,9 @@ class OperatorInstance:
 
     def apply_initial_state(self, frame: pd.DataFrame, processing_time_ms: int, watermark_ms: int) -> None:
         """``handleInitialState`` for each key of ``frame`` (this instance's keys, before its first batch)."""
-        runtime = self.processor
-        if runtime is None:
+        if self.processor is None:
             raise TypeError("initial_state is for a transformWithStateInPandas processor")
-        runtime.set_times(processing_time_ms, watermark_ms if self.watermark_present else NO_TIMESTAMP)
+        runtime = self._processor_at(processing_time_ms, watermark_ms)
         if not len(frame):
             return
         by = self.key_columns if len(self.key_columns) > 1 else self.key_columns[0]
@@ -583,16 +589,13 @@ class OperatorInstance:
             runtime.handle_initial_state(normalize_key(key), rows.reset_index(drop=True))
 
     def _fire_processor_timers(self, processing_time_ms: int, watermark_ms: int) -> list[pd.DataFrame]:
-        """Expired timers (handleExpiredTimer), then the TTL sweep."""
-        runtime = self.processor
-        assert runtime is not None
-        runtime.set_times(processing_time_ms, watermark_ms if self.watermark_present else NO_TIMESTAMP)
+        """``handleExpiredTimer`` for every due timer of the processor."""
+        runtime = self._processor_at(processing_time_ms, watermark_ms)
         fired = runtime.fired
         outputs = runtime.fire_timers()
         self.metrics.timeouts += runtime.fired - fired
         for frame in outputs:
             self.metrics.rows_out += len(frame)
-        runtime.sweep()
         return outputs
 
     def fire_timers(self, processing_time_ms: int, watermark_ms: int) -> list[pd.DataFrame]:
@@ -681,16 +684,15 @@ class OperatorInstance:
             "rows_out": self.metrics.rows_out,
             "pending_rows": self.buffer.rows,
             "pending_keys": len(self.buffer),
-            "timers": len(self.timers),
+            "timers": len(self.timers) if self.processor is None else len(self.processor.timers),
             "checkpoint_bytes": self.metrics.checkpoint_bytes,
         }
-        if self.ttl is not None:
-            out["expired"] = self.metrics.expired  # keys the TTL sweeps removed since the instance started
+        if self.ttl is not None or self.processor is not None:
+            out["expired"] = self.metrics.expired  # entries the TTL sweeps removed since the instance started
         if self.cache is not None:
             out["cache"] = self.cache.stats()
         if self.processor is not None:
             out["caches"] = {cache.cache_name: cache.stats() for cache in self.processor.caches}
-            out["timers"] = len(self.processor.timers)
         return out
 
     def discard(self) -> None:

@@ -10,7 +10,8 @@ JVM as in Spark (564 us measured here):
 variable    table ``tws.<kind>.<name>`` keyed by          one access touches
 ==========  ==========================================  =======================================
 ValueState  the grouping key                              that key's value
-ListState   grouping key + chunk number (-1: the count)   the count and one chunk of 64 elements
+ListState   the grouping key: ``[count, first 64]``;      the head and the last chunk of 64
+            ``tws.list-chunks.<name>``: key + chunk 1..
 MapState    grouping key + the entry's user key           that entry (iteration: the key's entries)
 timers      ``tws.timers``: grouping key + timestamp      that timer
 ==========  ==========================================  =======================================
@@ -52,27 +53,22 @@ from sortedcontainers import SortedList
 
 from state import RocksDBStore, WriteBackCache
 from state.ttl import OrderedExpiryIndex
-from state.keys import NormalizedKey, denormalize_key, encode_key, key_columns, normalize_key
+from state.group_state import NO_TIMESTAMP, GroupStateTimeout
+from state.keys import NormalizedKey, decode_key, denormalize_key, encode_key, key_columns, normalize_key
 
 from .protocol import output_frames, spark_key
 
 #: Elements per ListState chunk: an append rewrites one chunk, a get reads len/64 + 1 entries.
 LIST_CHUNK = 64
 TIMERS_TABLE = "tws.timers"
-_COUNT = -1  # the chunk number of a list's element count
 _NO_VALUE: Any = object()
 
-TIME_MODES = {"none": "NoTimeout", "processingtime": "ProcessingTimeTimeout", "eventtime": "EventTimeTimeout"}
-
-
-def timeout_conf_of_time_mode(time_mode: str) -> str:
-    """The GroupStateTimeout of a transformWithState time mode ("None", "ProcessingTime", "EventTime")."""
-    if not isinstance(time_mode, str) or time_mode.lower() not in TIME_MODES:
-        raise ValueError(f"time_mode must be 'None', 'ProcessingTime' or 'EventTime', got {time_mode!r}")
-    return TIME_MODES[time_mode.lower()]
+#: transformWithState time mode (lower case) -> the runners' ``timeout`` that gives its timers.
+TIME_MODES = {"none": "none", "processingtime": "processing", "eventtime": "event"}
 
 
 def is_processor(obj: Any) -> bool:
+    """Whether ``obj`` is a transformWithStateInPandas ``StatefulProcessor`` (an operator of its own)."""
     return isinstance(obj, StatefulProcessor)
 
 
@@ -88,9 +84,18 @@ def processor_timeout(spec: Any, timeout: str, time_mode: Optional[str], initial
         return timeout
     if timeout not in ("none", "NoTimeout", None):
         raise TypeError(f"a StatefulProcessor takes time_mode=, not timeout={timeout!r}")
-    return {"NoTimeout": "none", "ProcessingTimeTimeout": "processing", "EventTimeTimeout": "event"}[
-        timeout_conf_of_time_mode("None" if time_mode is None else time_mode)
-    ]
+    if time_mode is None:
+        return "none"
+    if not isinstance(time_mode, str) or time_mode.lower() not in TIME_MODES:
+        raise ValueError(f"time_mode must be 'None', 'ProcessingTime' or 'EventTime', got {time_mode!r}")
+    return TIME_MODES[time_mode.lower()]
+
+
+def check_initial_state(frame: pd.DataFrame, key_columns: Sequence[str]) -> None:
+    """Refuse a processor's initial state without the key columns, naming the missing ones."""
+    missing = [c for c in key_columns if c not in frame.columns]
+    if missing:
+        raise KeyError(f"initial_state lacks the key column(s) {missing} (it has {list(frame.columns)})")
 
 
 def _python_value(value: Any) -> Any:
@@ -389,14 +394,10 @@ class _MapVariable(_Variable, MapState):
         return self.runtime.group + key_columns(normalize_key(user_key))
 
     def _entries(self) -> Iterator[tuple[tuple, Any]]:
-        """Every stored (user key, stored value) of the current grouping key, from the store."""
-        self.cache.flush()  # the table then holds every write; entries come back in key order
-        n = self.runtime.group_columns
-        now = self.runtime.processing_time_ms
-        for nkey, stored in self.table.iter_prefix(self.runtime.nkey):
-            if self.ttl_ms is not None and stored[1] <= now:
-                continue
-            yield denormalize_key(nkey)[n:], stored
+        """Every live (user key, stored value) of the current grouping key (expired ones skipped)."""
+        if self.ttl_ms is None:
+            return self._entries_all()
+        return ((k, stored) for k, stored in self._entries_all() if self.live(stored))
 
     def exists(self) -> bool:
         return next(self._entries(), None) is not None
@@ -442,7 +443,8 @@ class _MapVariable(_Variable, MapState):
             self.removeKey(user_key)
 
     def _entries_all(self) -> Iterator[tuple[tuple, Any]]:
-        self.cache.flush()
+        """Every stored (user key, stored value) of the current grouping key, expired or not, in key order."""
+        self.cache.flush()  # the table then holds every write
         n = self.runtime.group_columns
         for nkey, stored in self.table.iter_prefix(self.runtime.nkey):
             yield denormalize_key(nkey)[n:], stored
@@ -533,8 +535,6 @@ class ProcessorTimers:
 
     def due(self, threshold: int) -> list[tuple[int, NormalizedKey]]:
         """Timers with timestamp <= threshold, earliest first."""
-        from state.keys import decode_key
-
         stop = self._index.bisect_right((threshold, b"\xff" * 16))
         return [(ts, decode_key(encoded)) for ts, encoded in self._index[:stop]]
 
@@ -574,7 +574,7 @@ class ProcessorRuntime:
         self.nkey: NormalizedKey = None
         self.group: tuple = ()
         self.processing_time_ms = 0
-        self.watermark_ms = -1
+        self.watermark_ms = NO_TIMESTAMP
         self._root: Optional[RocksDBStore] = None
         self._tables: dict[str, RocksDBStore] = {}
         self._initialized = False
@@ -659,23 +659,30 @@ class ProcessorRuntime:
 
     def fire_timers(self) -> list[pd.DataFrame]:
         """handleExpiredTimer for every due timer, in time order; each timer is deleted after its call."""
-        if self.timeout_conf == "ProcessingTimeTimeout":
+        if self.timeout_conf == GroupStateTimeout.ProcessingTimeTimeout:
             threshold = self.processing_time_ms
-        elif self.timeout_conf == "EventTimeTimeout" and self.watermark_ms >= 0:
+        elif self.timeout_conf == GroupStateTimeout.EventTimeTimeout and self.watermark_ms != NO_TIMESTAMP:
             threshold = self.watermark_ms
         else:
             return []
         outputs: list[pd.DataFrame] = []
         for timestamp, nkey in self.timers.due(threshold):
-            self.fired += 1
-            self.set_key(nkey)
-            result = self.processor.handleExpiredTimer(
-                spark_key(nkey, self.key_types), self.timer_values(), ExpiredTimerInfo(timestamp)
-            )
-            outputs.extend(output_frames(denormalize_key(nkey), result))
-            # After the call, as Spark: the firing timer is still listed by listTimers() during it.
-            self.timers.delete(nkey, timestamp)
+            outputs.extend(self.fire(nkey, timestamp))
         return outputs
+
+    def fire(self, nkey: NormalizedKey, timestamp: int) -> list[pd.DataFrame]:
+        """``handleExpiredTimer`` for the timer of ``nkey`` at ``timestamp``; the timer is deleted after the call.
+
+        After, as Spark: the firing timer is still listed by ``listTimers()`` during it.
+        """
+        self.fired += 1
+        self.set_key(nkey)
+        result = self.processor.handleExpiredTimer(
+            spark_key(nkey, self.key_types), self.timer_values(), ExpiredTimerInfo(timestamp)
+        )
+        frames = output_frames(denormalize_key(nkey), result)
+        self.timers.delete(nkey, timestamp)
+        return frames
 
     def sweep(self) -> int:
         """Delete the state that expired by the batch's processing time; returns how many entries went."""

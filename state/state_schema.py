@@ -35,6 +35,11 @@ _FLOATING = frozenset(("double", "float", "real"))
 _ALIASES = {"bigint": "long", "integer": "int", "smallint": "short", "tinyint": "byte", "real": "float", "bool": "boolean"}
 
 
+def canonical_type_name(type_name: str) -> str:
+    """One name per Spark type: ``"bigint"`` is ``"long"``, ``"integer"`` ``"int"``, and so on (others as given)."""
+    return _ALIASES.get(type_name, type_name)
+
+
 class StateSchema:
     """The fields of a state tuple (names and Spark type names) and the conversion Spark applies on store."""
 
@@ -124,7 +129,7 @@ def _java_double(x: float) -> str:
 def _convert(v: Any, name: str, type_name: str) -> Any:
     if v is None:
         return None
-    t = _ALIASES.get(type_name, type_name)
+    t = canonical_type_name(type_name)
     if t in _INTEGRAL or t in ("long", "int", "short", "byte"):
         return int(v) if _is_int(v) else None
     if t == "double":

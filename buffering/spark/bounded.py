@@ -57,7 +57,7 @@ from state.keys import NormalizedKey, normalize_key
 from ..aggregations import Aggregations, First, Last
 from ..decorators import OperatorSpec, check_operator_key, spec_of
 from ..frames import concat_frames
-from ..protocol import call_function, spark_key
+from ..protocol import call_function
 from ..processor import processor_timeout
 from state import RocksDBStore, WriteBackCache
 from ..buffer import _object_column
@@ -274,20 +274,11 @@ class _ProcessorKeys:
         return self.run_key
 
     def run_key(self, plan: BoundedPlan, nkey: NormalizedKey, frames: list[pd.DataFrame]) -> list[pd.DataFrame]:
-        from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo
-
-        from ..protocol import output_frames
-
         rows = frames[0].reset_index(drop=True) if len(frames) == 1 else pd.concat(frames, ignore_index=True)
         runtime = self.runtime
         out = runtime.handle_rows(nkey, rows)
         for timestamp in runtime.timers.list(nkey):
-            runtime.set_key(nkey)
-            result = runtime.processor.handleExpiredTimer(
-                spark_key(nkey, plan.key_types), runtime.timer_values(), ExpiredTimerInfo(timestamp)
-            )
-            out.extend(output_frames(nkey, result))
-            runtime.timers.delete(nkey, timestamp)  # after the call, as Spark
+            out.extend(runtime.fire(nkey, timestamp))
         runtime.set_key(nkey)
         for variable in runtime.variables.values():
             variable.drop_all()

@@ -29,7 +29,7 @@ from checkpoint.export import STATE_SCHEMA_FIELD, state_rows
 from state.group_state import NO_TIMESTAMP, GroupStateTimeout
 from state.keygroups import DEFAULT_MAX_PARALLELISM, check_max_parallelism
 from state.keys import normalize_key
-from state.state_schema import StateSchema
+from state.state_schema import StateSchema, canonical_type_name
 from state.ttl import expiry_for
 
 from ..decorators import OperatorSpec, StateConfig
@@ -168,7 +168,7 @@ def _function_import(
     spark_schema = StateSchema.of(group_state)
     if state_schema is not None:
         given = StateSchema.of(state_schema)
-        if [(n, _canonical_type(t)) for n, t in given.fields] != [(n, _canonical_type(t)) for n, t in spark_schema.fields]:
+        if [(n, canonical_type_name(t)) for n, t in given.fields] != [(n, canonical_type_name(t)) for n, t in spark_schema.fields]:
             raise ValueError(f"state_schema={state_schema!r}, but Spark stored the state as {group_state.simpleString()}")
     key_types = key_types_of(key_type, spark_key)
     timed = "timeoutTimestamp" in value_type.fieldNames()
@@ -561,12 +561,6 @@ def import_state(
         ),
         max_parallelism=max_parallelism,
     )
-
-
-def _canonical_type(type_name: str) -> str:
-    from state.state_schema import _ALIASES
-
-    return _ALIASES.get(type_name, type_name)
 
 
 #: The name of the timers in :func:`processor_state_frames`' answer (Spark's own start with "$" too).

@@ -39,7 +39,7 @@ from state.group_state import NO_TIMESTAMP, GroupStateTimeout, timeout_conf
 from state.keygroups import DEFAULT_MAX_PARALLELISM, check_max_parallelism
 
 from ..decorators import check_operator_key, spec_of
-from ..processor import processor_timeout
+from ..processor import check_initial_state, processor_timeout
 from ..protocol import WATERMARK_FIELD, check_checkpoint_fits, commit_metadata, late_rows_watermark, watermark_for
 from . import _task
 from ._sql_combine import sql_exprs, sql_partials
@@ -882,7 +882,5 @@ def _initial_state_frame(initial_state: Any, key_columns: list[str]) -> Any:
     if getattr(initial_state, "isStreaming", False):
         raise ValueError("initial_state must be a static DataFrame, not a streaming one")
     frame = initial_state if isinstance(initial_state, pd.DataFrame) else initial_state.toPandas()
-    missing = [c for c in key_columns if c not in frame.columns]
-    if missing:
-        raise KeyError(f"initial_state lacks the key column(s) {missing} (it has {list(frame.columns)})")
+    check_initial_state(frame, key_columns)
     return frame

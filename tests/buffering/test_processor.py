@@ -448,3 +448,46 @@ def test_closing_the_runner_closes_each_instances_processor():
     runner.process(batch([1, 2, 3]))
     runner.close()
     assert Snooze.closed == 2
+
+
+class SeedFailsOnce(Seeded):
+    fail = False
+
+    def handleInitialState(self, key: Any, initialState: pd.DataFrame, timerValues: Any) -> None:
+        super().handleInitialState(key, initialState, timerValues)
+        if int(key[0]) == 9 and SeedFailsOnce.fail:
+            SeedFailsOnce.fail = False
+            raise RuntimeError("seed boom")
+
+
+def test_a_failed_initial_state_leaves_nothing_applied_so_the_retry_seeds_each_key_once():
+    initial = pd.DataFrame({"id": [1, 9], "count": [100, 50]})
+    runner = LocalRunner(SeedFailsOnce(), key="id", initial_state=initial)
+    SeedFailsOnce.fail = True
+    with pytest.raises(RuntimeError, match="seed boom"):
+        runner.process(batch([1]))
+    out = runner.process(batch([1]))
+    assert out.itertuples(index=False, name=None).__next__() == (1, 101)
+    assert state_of(runner, "count", 9) == (50,)
+
+
+class TimerFailsOnce(Reminder):
+    fail = False
+
+    def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[pd.DataFrame]:
+        if int(key[0]) == 2 and TimerFailsOnce.fail:
+            TimerFailsOnce.fail = False
+            raise RuntimeError("timer boom")
+        return super().handleExpiredTimer(key, timerValues, expiredTimerInfo)
+
+
+def test_a_failed_timer_call_leaves_every_timer_set_so_the_retry_fires_each_once():
+    clock = Clock(0)
+    runner = LocalRunner(TimerFailsOnce(100), key="id", time_mode="ProcessingTime", clock=clock)
+    runner.process(batch([1, 2]))
+    clock.now = 100
+    TimerFailsOnce.fail = True
+    with pytest.raises(RuntimeError, match="timer boom"):
+        runner.advance_time(0)
+    assert fired(runner.advance_time(0)) == [(1, 100), (2, 100)]
+    assert fired(runner.advance_time(0)) == []

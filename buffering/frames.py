@@ -94,10 +94,12 @@ class FrameCollector:
         self._pending: list[pd.DataFrame] = []
 
     def add(self, frames: Sequence[pd.DataFrame]) -> None:
+        """Take one call's frames; every ``every`` pending frames are joined into one (O(rows) per join)."""
         self._pending.extend(frames)
         if len(self._pending) >= self.every:
             self._joined.append(concat_frames(self._pending))
             self._pending = []
 
     def frames(self) -> list[pd.DataFrame]:
+        """Everything added, in order: the joined runs, then the frames not yet joined."""
         return self._joined + self._pending

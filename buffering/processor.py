@@ -503,6 +503,7 @@ class ProcessorTimers:
         return [(TIMERS_TABLE, self.table)]
 
     def reload(self) -> None:
+        """Rebuild the in-memory index from the table (after a restore or adoption). O(timers)."""
         self._index.clear()
         self._by_key.clear()
         n = self._runtime.group_columns
@@ -513,6 +514,7 @@ class ProcessorTimers:
             self._index.add((timestamp, encode_key(group)))
 
     def register(self, nkey: NormalizedKey, timestamp: int) -> None:
+        """Set a timer of ``nkey`` at ``timestamp`` (a second one at the same time is the same timer). O(log n)."""
         timestamps = self._by_key.setdefault(nkey, set())
         if timestamp in timestamps:
             return
@@ -521,6 +523,7 @@ class ProcessorTimers:
         self.table.put(self._runtime.composite((timestamp,), nkey), True)
 
     def delete(self, nkey: NormalizedKey, timestamp: int) -> None:
+        """Remove the timer of ``nkey`` at ``timestamp``, if set. O(log n)."""
         timestamps = self._by_key.get(nkey)
         if not timestamps or timestamp not in timestamps:
             return
@@ -531,6 +534,7 @@ class ProcessorTimers:
         self.table.delete(self._runtime.composite((timestamp,), nkey))
 
     def list(self, nkey: NormalizedKey) -> list[int]:
+        """The timestamps of ``nkey``'s timers, ascending."""
         return sorted(self._by_key.get(nkey, ()))
 
     def due(self, threshold: int) -> list[tuple[int, NormalizedKey]]:
@@ -597,6 +601,7 @@ class ProcessorRuntime:
         return dict(self._tables)
 
     def variable(self, cls: type, name: str, ttl_ms: Optional[int]) -> Any:
+        """The state variable ``name`` of kind ``cls``, created (with its tables) during ``init`` only."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"a state variable needs a non-empty name, got {name!r}")
         existing = self.variables.get(name)
@@ -613,10 +618,12 @@ class ProcessorRuntime:
 
     @property
     def tables(self) -> dict[str, RocksDBStore]:
+        """Every table of the processor by name (variables, their expiries, timers): all checkpointed."""
         return dict(self._tables)
 
     @property
     def caches(self) -> list[WriteBackCache]:
+        """The cache of every variable table."""
         return [cache for v in self.variables.values() for cache in v.caches]
 
     def reload(self) -> None:
@@ -634,26 +641,32 @@ class ProcessorRuntime:
         self.group = nkey if type(nkey) is tuple else (nkey,)
 
     def composite(self, extra: tuple, group: Any = _NO_VALUE) -> NormalizedKey:
+        """The normalized key ``group`` (default: the current grouping key) + ``extra``, for composite-key tables."""
         columns = self.group if group is _NO_VALUE else key_columns(group)
         return columns + key_columns(normalize_key(extra))
 
     def at_group(self, composite_group: NormalizedKey) -> "_AtKey":
+        """A context under the grouping key of ``composite_group`` (its leading columns)."""
         return _AtKey(self, normalize_key(composite_group))
 
     def set_times(self, processing_time_ms: int, watermark_ms: int) -> None:
+        """The batch's processing time and event-time watermark (NO_TIMESTAMP: none), as TimerValues give them."""
         self.processing_time_ms = processing_time_ms
         self.watermark_ms = watermark_ms
 
     def timer_values(self) -> TimerValues:
+        """The batch's times as the processor's calls receive them."""
         return TimerValues(self.processing_time_ms, self.watermark_ms)
 
     # ------------------------------------------------------------ calls
     def handle_rows(self, nkey: NormalizedKey, rows: pd.DataFrame) -> list[pd.DataFrame]:
+        """``handleInputRows`` for ``nkey`` with its rows (one frame); its output frames, checked."""
         self.set_key(nkey)
         key = spark_key(nkey, self.key_types)
         return output_frames(denormalize_key(nkey), self.processor.handleInputRows(key, iter([rows]), self.timer_values()))
 
     def handle_initial_state(self, nkey: NormalizedKey, frame: pd.DataFrame) -> None:
+        """``handleInitialState`` for ``nkey`` with its initial-state rows."""
         self.set_key(nkey)
         self.processor.handleInitialState(spark_key(nkey, self.key_types), frame, self.timer_values())
 
@@ -689,6 +702,7 @@ class ProcessorRuntime:
         return sum(v.sweep(self.processing_time_ms) for v in self.variables.values())
 
     def close(self) -> None:
+        """The processor's ``close()``, once, when its instance closes."""
         self.processor.close()
 
 

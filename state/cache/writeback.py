@@ -639,6 +639,7 @@ class WatermarkedWriteBackCache(WriteBackCache):
     """
 
     def get(self, key: Any, default: Any = None, _get: Any = WriteBackCache.get) -> Any:
+        """:meth:`WriteBackCache.get`, then one more sync step while draining."""
         value = _get(self, key, default)
         if self._draining:
             self._sync(self._sync_step)

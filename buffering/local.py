@@ -26,6 +26,7 @@ from state.keygroups import DEFAULT_MAX_PARALLELISM, check_max_parallelism, key_
 from state.state_schema import StateSchema
 from state.keys import key_groups_of_longs, normalize_key, normalize_types, spark_hash
 
+from .aggregations.columnar import packed
 from .buffer import factorize_keys
 from .decorators import check_operator_key, spec_of
 from .processor import check_initial_state, processor_timeout
@@ -438,7 +439,7 @@ class LocalRunner:
         for instance in self.instances:
             value = instance.state.get(nkey)
             if value is not None:
-                return value
+                return packed(value) if instance.columnar is not None else value
         return None
 
     def stats(self) -> dict[str, Any]:

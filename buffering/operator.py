@@ -26,13 +26,14 @@ from checkpoint.staging import sweep_stale_staging
 from state import MemoryStore, RocksDBStore, Store, WriteBackCache, key_group_range
 from state.cache import CacheManager
 from state.group_state import NO_TIMESTAMP, GroupState, GroupStateTimeout
-from state.keys import NormalizedKey, normalize_key
+from state.keys import NormalizedKey, denormalize_key, normalize_key
 from state.locks import FileLock, directory_lock
 from state.raw import RawTable
 from state.state_schema import StateSchema
 from state.timers import TimerService
 from state.ttl import AnyExpiryIndex, ExpiryIndex, OrderedExpiryIndex, expiry_for
 
+from .aggregations.columnar import ColumnarLayout, PackedSerializer, packed
 from .buffer import MiniBatchBuffer
 from .frames import FrameCollector
 from .protocol import call_function
@@ -186,6 +187,15 @@ class OperatorInstance:
         self.metrics = InstanceMetrics()
         config = spec.state
         self.ttl_ms: Optional[int] = config.ttl_ms
+        # aggregate() accumulators kept as columns (None: as objects, for aggregations without a column form)
+        self.columnar: Optional[ColumnarLayout] = (
+            ColumnarLayout.of(spec.aggregations) if spec.aggregations is not None else None
+        )
+        mini = spec.mini_batch
+        # Without a trigger every batch's partials are merged at its end: a SQL-combined batch can skip the buffer.
+        self._merge_directly = self.columnar is not None and (
+            mini is None or (mini.max_rows is None and mini.max_bytes is None and mini.max_delay_ms is None)
+        )
         # The side tables besides the state; the TTL tables only when this operator expires state, so
         # that checkpoints of operators without TTL keep their tables (a restore adds them when the
         # checkpoint has them: see restore()).
@@ -300,7 +310,13 @@ class OperatorInstance:
 
     def _open_working_store(self) -> RocksDBStore:
         assert self.workdir is not None
-        root = RocksDBStore(self.workdir, max_parallelism=self.max_parallelism, key_types=self._key_types, table=STATE_TABLE)
+        root = RocksDBStore(
+            self.workdir,
+            max_parallelism=self.max_parallelism,
+            key_types=self._key_types,
+            table=STATE_TABLE,
+            serializer=PackedSerializer() if self.columnar is not None else None,
+        )
         if TTL_TABLE not in self._side_tables and TTL_TABLE in root.tables():
             # An adopted store restored from a checkpoint with expiries (see restore()): its tables
             # belong to every version this instance writes.
@@ -546,6 +562,8 @@ class OperatorInstance:
         keys, partials = self.buffer.drain_accumulators()
         if not keys:
             return []
+        if self.columnar is not None:
+            return [self._merge_columns(keys, self.columnar.from_accumulators(partials), processing_time_ms)]
         stored = self._visible(keys, self.state.get_many(keys), processing_time_ms)
         merge = aggs.merge
         merged = [p if s is None else merge(s, p) for s, p in zip(stored, partials)]
@@ -556,6 +574,58 @@ class OperatorInstance:
         self.metrics.calls += len(keys)
         self.metrics.rows_out += len(keys)
         return [aggs.results_frame(dict(zip(keys, merged)), self.key_columns, keys)]
+
+    def _merge_columns(
+        self,
+        keys: list[NormalizedKey],
+        incoming: list[Any],
+        processing_time_ms: int,
+        key_frame: Optional[pd.DataFrame] = None,
+    ) -> pd.DataFrame:
+        """Merge a block of partials (one row per key) into the keys' accumulators; their results.
+
+        One multi-get, one numpy merge, one encoding pass and one multi-put for
+        all ``keys``. ``key_frame`` (optional): the key columns of the rows, in
+        ``keys``' order (else built from the keys).
+        """
+        layout = self.columnar
+        assert layout is not None
+        stored = self._visible(keys, self.state.get_many(keys), processing_time_ms)
+        block = layout.merge(layout.decode(stored), incoming)
+        self.state.put_many(zip(keys, layout.encode(block)))
+        if self.ttl is not None:  # every key's accumulator was updated: its expiry moves
+            expires_at = expiry_for(processing_time_ms, self.ttl_ms)  # type: ignore[arg-type]
+            self.ttl.set_many((nkey, expires_at) for nkey in keys)
+        self.metrics.calls += len(keys)
+        self.metrics.rows_out += len(keys)
+        if key_frame is None:
+            key_frame = _key_frame(keys, self.key_columns)
+        else:
+            key_frame = key_frame.reset_index(drop=True)
+        return key_frame.assign(**layout.results(block))
+
+    def process_columns(
+        self,
+        nkeys: list[NormalizedKey],
+        key_frame: pd.DataFrame,
+        partials: dict[str, Any],
+        rows: list[int],
+        processing_time_ms: int,
+    ) -> Optional[list[pd.DataFrame]]:
+        """Merge partials combined before the shuffle, one row per key, given as columns; None when this
+        operator buffers them instead (it has a trigger: use :meth:`process_accumulators`).
+
+        ``partials``: per output, the partials of the rows (ints for counts,
+        DataSketches sketch bytes for ``ApproxDistinct``).
+        """
+        if not self._merge_directly or len(self.buffer):
+            return None
+        assert self.columnar is not None
+        self.metrics.rows_in += sum(rows)
+        if not nkeys:
+            return []
+        self.metrics.flushes += 1
+        return [self._merge_columns(nkeys, self.columnar.from_columns(partials), processing_time_ms, key_frame)]
 
     def _processor_at(self, processing_time_ms: int, watermark_ms: int) -> ProcessorRuntime:
         """The processor, set to the batch's times (the watermark only with an event-time column)."""
@@ -669,7 +739,9 @@ class OperatorInstance:
 
     # ------------------------------------------------------------ inspection
     def state_items(self) -> dict[tuple, Any]:
-        """Every key's state (for tests and debugging)."""
+        """Every key's state (for tests and debugging); an aggregate's accumulators as mappings."""
+        if self.columnar is not None:
+            return {key: packed(value) for key, value in self.state.items()}
         return dict(self.state.items())
 
     def stats(self) -> dict[str, Any]:
@@ -721,4 +793,12 @@ class OperatorInstance:
                     self.cache.close()  # flushes and closes the root store's table
         finally:
             self._finalizer()
+
+
+def _key_frame(keys: list[NormalizedKey], key_columns: list[str]) -> pd.DataFrame:
+    """The key columns of ``keys``, one row per key."""
+    if len(key_columns) == 1 and all(type(k) is not tuple for k in keys):
+        return pd.DataFrame({key_columns[0]: keys})  # one key column of plain scalars: no per-key tuples
+    rows = [denormalize_key(k) for k in keys]
+    return pd.DataFrame({name: [row[i] for row in rows] for i, name in enumerate(key_columns)}, columns=key_columns)
 

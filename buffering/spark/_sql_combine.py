@@ -96,6 +96,20 @@ def sql_exprs(aggs: Aggregations, partials: list[SqlPartial]) -> list[Any]:
     return exprs
 
 
+def columns(frame: pd.DataFrame, partials: list[SqlPartial]) -> Optional[dict[str, Any]]:
+    """Each output's partials as one column (counts as int64, sketches as bytes), for a columnar merge;
+    None when one of them is not a count or a sketch."""
+    out: dict[str, Any] = {}
+    for p in partials:
+        if p.kind == "count":
+            out[p.name] = frame[p.columns[0]].to_numpy(dtype="int64")
+        elif p.kind == "hll":
+            out[p.name] = frame[p.columns[0]].tolist()
+        else:
+            return None
+    return out
+
+
 def accumulators(frame: pd.DataFrame, partials: list[SqlPartial]) -> list[dict[str, Any]]:
     """One accumulator ``{output: partial}`` per row of a combined frame (worker side)."""
     columns: dict[str, list[Any]] = {}

@@ -37,6 +37,7 @@ from ..protocol import event_time_ms
 from . import _workers
 from ._sql_combine import SqlPartial
 from ._sql_combine import accumulators as sql_accumulators
+from ._sql_combine import columns as sql_columns
 from .sinks import write_task_part
 
 #: Output column that carries each task's report (JSON); null on data rows.
@@ -354,11 +355,19 @@ def _run_task(
                 if plan.event_time is not None and len(part):
                     max_event = max(max_event, int(part[EVENT_TIME_COLUMN].max()))
                 nkeys = _normalized_keys(part, plan.key_columns)
-                if plan.combine == "sql":
-                    accumulators = sql_accumulators(part, list(plan.sql_partials))
+                rows = part[ROWS_COLUMN].tolist()
+                columns = sql_columns(part, list(plan.sql_partials)) if plan.combine == "sql" else None
+                direct = None
+                if columns is not None:
+                    direct = instance.process_columns(nkeys, part[plan.key_columns], columns, rows, now)
+                if direct is not None:
+                    out = direct
                 else:
-                    accumulators = [pickle.loads(b) for b in part[ACCUMULATOR_COLUMN].tolist()]
-                out = instance.process_accumulators(nkeys, accumulators, part[ROWS_COLUMN].tolist(), now, watermark)
+                    if plan.combine == "sql":
+                        accumulators = sql_accumulators(part, list(plan.sql_partials))
+                    else:
+                        accumulators = [pickle.loads(b) for b in part[ACCUMULATOR_COLUMN].tolist()]
+                    out = instance.process_accumulators(nkeys, accumulators, rows, now, watermark)
             else:
                 part, late, event = drop_late_rows(plan, part, context.late_rows_watermark_ms)
                 dropped += late

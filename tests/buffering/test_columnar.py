@@ -1,0 +1,209 @@
+"""aggregate() accumulators as columns: the same answers and sketches as DataSketches, packed values users can read."""
+
+from __future__ import annotations
+
+import pickle
+import struct
+
+import numpy as np
+import pandas as pd
+import pytest
+
+datasketches = pytest.importorskip("datasketches")
+
+from buffering import ApproxDistinct, Count, LocalRunner, Max, aggregate, cached_state  # noqa: E402
+from buffering.aggregations.columnar import (  # noqa: E402
+    ColumnarLayout,
+    HllField,
+    PackedAccumulator,
+    coupon_limit,
+)
+from buffering.aggregations.sketches import HllPartial  # noqa: E402
+
+HLL_8 = datasketches.tgt_hll_type.HLL_8
+HLL_4 = datasketches.tgt_hll_type.HLL_4
+
+
+def sketch(values, lg_k=12, tgt=HLL_8):
+    s = datasketches.hll_sketch(lg_k, tgt)
+    for v in values:
+        s.update(int(v))
+    return s
+
+
+def coupons_of(image: bytes) -> set[int]:
+    """The coupons of a LIST/SET sketch image (compact or updatable)."""
+    body = 8 if image[0] == 2 else 12
+    words = struct.unpack_from(f"<{(len(image) - body) // 4}I", image, body)
+    return {w for w in words if w}
+
+
+def registers_of(s) -> np.ndarray:
+    union = datasketches.hll_union(s.lg_config_k)
+    union.update(s)
+    image = union.get_result(HLL_8).serialize_updatable()
+    return np.frombuffer(image, dtype=np.uint8, count=1 << s.lg_config_k, offset=40)
+
+
+def hll_column(field: HllField, sketches):
+    return field.from_sketch_bytes([s.serialize_updatable() for s in sketches])
+
+
+# ---------------------------------------------------------------- DataSketches' own rules
+@pytest.mark.parametrize("lg_k", range(7, 22))
+def test_the_coupon_limit_is_where_datasketches_turns_a_sketch_into_registers(lg_k):
+    registers_size = 40 + (1 << lg_k)  # an HLL_8 sketch's image once it holds registers
+    s, n = sketch([], lg_k), 0
+    while s.get_updatable_serialization_bytes() != registers_size:
+        s.update(10**9 + n)
+        n += 1
+    before = sketch(range(10**9, 10**9 + n - 1), lg_k)  # the values just before it turned
+    assert len(coupons_of(before.serialize_compact())) == coupon_limit(lg_k)
+
+
+@pytest.mark.parametrize("lg_k", [8, 12, 16, 21])
+def test_a_coupon_set_estimates_its_size_as_datasketches_rounds_it(lg_k):
+    field = HllField(lg_k)
+    for n in sorted({0, 1, 7, 8, min(100, coupon_limit(lg_k)), min(384, coupon_limit(lg_k))}):
+        s = sketch(range(n * 7919, n * 7919 + n), lg_k)
+        column = hll_column(field, [s])
+        assert field.results(column)[0] == round(s.get_estimate()) == n
+
+
+def test_merged_coupons_are_the_coupons_of_a_sketch_of_all_the_values():
+    field = HllField(12)
+    a, b = sketch(range(0, 150)), sketch(range(100, 300), tgt=HLL_4)  # overlapping; HLL_4 as Spark sends
+    merged = field.merge(hll_column(field, [a]), hll_column(field, [b]))
+    expected = sketch(range(0, 300))
+    assert set(merged.coupons.tolist()) == coupons_of(expected.serialize_compact())
+    assert field.results(merged)[0] == round(expected.get_estimate()) == 300
+
+
+def test_a_key_past_the_coupon_limit_holds_the_registers_of_a_sketch_of_all_its_values():
+    field = HllField(12)
+    a, b = sketch(range(0, 300)), sketch(range(250, 700))
+    merged = field.merge(hll_column(field, [a]), hll_column(field, [b]))
+    assert merged.dense_rows.tolist() == [0] and len(merged.coupons) == 0
+    assert np.array_equal(merged.registers[0], registers_of(sketch(range(0, 700))))
+
+
+def test_the_estimate_of_merged_registers_is_the_estimate_of_a_datasketches_union():
+    field = HllField(12)
+    a, b = sketch(range(0, 3000)), sketch(range(2000, 9000))
+    union = datasketches.hll_union(12)
+    union.update(a)
+    union.update(b)
+    merged = field.merge(hll_column(field, [a]), hll_column(field, [b]))
+    assert field.results(merged)[0] == round(union.get_result(HLL_8).get_estimate())
+
+
+def test_a_register_array_reads_back_as_a_datasketches_sketch_that_unions_with_others():
+    field = HllField(12)
+    column = hll_column(field, [sketch(range(0, 5000))])
+    partial = field.partial(column, 0)
+    union = datasketches.hll_union(12)
+    union.update(partial.sketch)
+    union.update(sketch(range(5000, 6000)))
+    assert abs(union.get_estimate() - 6000) < 6000 * 0.05
+
+
+def test_a_sketch_of_another_lg_k_is_refused_naming_both():
+    with pytest.raises(ValueError, match="lg_k 12.*lg_k 10"):
+        HllField(12).from_sketch_bytes([sketch(range(5), lg_k=10).serialize_compact()])
+
+
+# ---------------------------------------------------------------- packed values
+def layout():
+    return ColumnarLayout.of({"views": Count(), "viewers": ApproxDistinct("user")})
+
+
+def test_only_counts_and_approx_distinct_have_a_column_form():
+    assert ColumnarLayout.of({"n": Count(), "d": ApproxDistinct("u")}) is not None
+    assert ColumnarLayout.of({"n": Count(), "top": Max("v")}) is None
+
+
+def test_a_stored_value_unpickles_to_a_mapping_of_the_partials():
+    lay = layout()
+    block = lay.from_accumulators([{"views": 5, "viewers": HllPartial(sketch([1, 2, 3]))}])
+    (value,) = lay.encode(block)
+    acc = pickle.loads(value)
+    assert isinstance(acc, PackedAccumulator)
+    assert acc["views"] == 5 and round(acc["viewers"].estimate()) == 3
+    assert sorted(acc.keys()) == ["viewers", "views"] and "views" in acc
+
+
+def test_stored_values_decode_to_the_block_they_were_encoded_from():
+    lay = layout()
+    sizes = [0, 3, 400, 2000]
+    accs = [{"views": n, "viewers": HllPartial(sketch(range(i * 10**6, i * 10**6 + n)))} for i, n in enumerate(sizes)]
+    block = lay.from_accumulators(accs)
+    again = lay.decode([*lay.encode(block), None])
+    assert again[0].tolist() == [*sizes, 0]
+    assert lay.results(again)["viewers"].tolist() == [*lay.results(block)["viewers"].tolist(), 0]
+
+
+def test_values_of_other_aggregations_are_refused_naming_both():
+    other = ColumnarLayout.of({"n": Count()})
+    (value,) = other.encode(other.from_accumulators([{"n": 1}]))
+    with pytest.raises(ValueError, match="other aggregations.*'n': 'count'.*'views': 'count'"):
+        layout().decode([value])
+
+
+def test_accumulators_stored_as_dicts_by_older_versions_are_read():
+    lay = layout()
+    old = {"views": 2, "viewers": HllPartial(sketch([1, 2]))}
+    merged = lay.merge(lay.decode([old, None]), lay.from_accumulators([{"views": 1, "viewers": HllPartial(sketch([3]))}] * 2))
+    assert lay.results(merged)["views"].tolist() == [3, 1]
+    assert lay.results(merged)["viewers"].tolist() == [3, 1]
+
+
+# ---------------------------------------------------------------- through a runner
+def views(seed: int, n: int = 3000) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame({"tweet": rng.zipf(1.3, n) % 200, "user": rng.integers(0, 2000, n)})
+
+
+def expected(frames) -> pd.DataFrame:
+    everything = pd.concat(frames)
+    return everything.groupby("tweet").agg(views=("user", "size"), viewers=("user", "nunique"))
+
+
+def final(outputs) -> pd.DataFrame:
+    out = pd.concat(outputs)
+    return out.groupby("tweet").tail(1).set_index("tweet").sort_index()[["views", "viewers"]]
+
+
+def tweet_stats():
+    return cached_state(max_entries=50, store="rocksdb")(aggregate({"views": Count(), "viewers": ApproxDistinct("user")}))
+
+
+def test_aggregate_counts_and_distinct_viewers_as_a_groupby_does(tmp_path):
+    frames = [views(s) for s in range(4)]
+    runner = LocalRunner(tweet_stats(), key="tweet", parallelism=2)
+    result = final([runner.process(f) for f in frames])
+    truth = expected(frames)
+    assert (result["views"] == truth["views"]).all()
+    small = truth["viewers"] <= 384  # coupon sets: exact
+    assert (result["viewers"][small] == truth["viewers"][small]).all()
+    assert (abs(result["viewers"] - truth["viewers"]) <= 0.05 * truth["viewers"]).all()
+
+
+def test_aggregate_state_restored_at_another_parallelism_goes_on_counting(tmp_path):
+    frames = [views(s) for s in range(4)]
+    first = LocalRunner(tweet_stats(), key="tweet", parallelism=3, checkpoint_location=str(tmp_path))
+    outputs = [first.process(f) for f in frames[:2]]
+    first.close()
+    second = LocalRunner(tweet_stats(), key="tweet", parallelism=2, checkpoint_location=str(tmp_path))
+    outputs += [second.process(f) for f in frames[2:]]
+    result, truth = final(outputs), expected(frames)
+    assert (result["views"] == truth["views"]).all()
+    small = truth["viewers"] <= 384
+    assert (result["viewers"][small] == truth["viewers"][small]).all()
+
+
+def test_a_runners_state_shows_each_keys_accumulators_as_a_mapping():
+    runner = LocalRunner(tweet_stats(), key="tweet")
+    runner.process(pd.DataFrame({"tweet": [1, 1, 2], "user": [10, 11, 10]}))
+    acc = runner.get_state(1)
+    assert acc["views"] == 2 and round(acc["viewers"].estimate()) == 2
+    assert {k: v["views"] for k, v in runner.state().items()} == {(1,): 2, (2,): 1}

@@ -604,6 +604,11 @@ class OperatorInstance:
             key_frame = key_frame.reset_index(drop=True)
         return key_frame.assign(**layout.results(block))
 
+    @property
+    def merges_columns(self) -> bool:
+        """Whether :meth:`process_columns` merges now (an aggregate with columns, no trigger, nothing buffered)."""
+        return self._merge_directly and not len(self.buffer)
+
     def process_columns(
         self,
         nkeys: list[NormalizedKey],
@@ -618,7 +623,7 @@ class OperatorInstance:
         ``partials``: per output, the partials of the rows (ints for counts,
         DataSketches sketch bytes for ``ApproxDistinct``).
         """
-        if not self._merge_directly or len(self.buffer):
+        if not self.merges_columns:
             return None
         assert self.columnar is not None
         self.metrics.rows_in += sum(rows)

@@ -45,7 +45,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from .basic import Count
+from .basic import Count, First, Last, Max, Mean, Min, Sum
 from .sketches import ApproxDistinct, HllPartial, _datasketches
 
 _FORMAT = 1
@@ -183,8 +183,14 @@ class CountField:
     def results(self, column: np.ndarray) -> np.ndarray:
         return column
 
-    def take(self, column: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        return column[rows]
+    def length(self, column: np.ndarray) -> int:
+        return len(column)
+
+    def spread(self, column: np.ndarray, where: np.ndarray, n: int) -> np.ndarray:
+        """The column over ``n`` rows: row i of ``column`` at ``where[i]``, the others empty."""
+        full = np.zeros(n, dtype=np.int64)
+        full[where] = column
+        return full
 
     def from_partials(self, partials: Sequence[Any]) -> np.ndarray:
         return np.fromiter(partials, dtype=np.int64, count=len(partials))
@@ -313,17 +319,11 @@ class HllField:
                 out[row] = int(round(deserialize(self.register_image(registers)).get_estimate()))
         return out
 
-    def take(self, column: HllColumn, rows: np.ndarray) -> HllColumn:
-        """The column of ``rows`` (in that order), renumbered 0..len(rows)-1."""
-        where = np.full(column.n, -1, dtype=np.int64)
-        where[rows] = np.arange(len(rows))
-        owners = where[column.rows]
-        keep = owners >= 0
-        dense_new = where[column.dense_rows]
-        dkeep = dense_new >= 0
-        order = np.argsort(dense_new[dkeep], kind="stable")
-        return HllColumn(len(rows), owners[keep], column.coupons[keep], dense_new[dkeep][order],
-                         column.registers[dkeep][order])
+    def length(self, column: HllColumn) -> int:
+        return column.n
+
+    def spread(self, column: HllColumn, where: np.ndarray, n: int) -> HllColumn:
+        return HllColumn(n, where[column.rows], column.coupons, where[column.dense_rows], column.registers)
 
     # -- DataSketches images
     def _mode_byte(self, mode: int) -> int:
@@ -407,7 +407,248 @@ class HllField:
         return HllPartial(deserialize(self.coupon_image(np.sort(column.coupons[column.rows == row]))))
 
 
-Field = Any  # CountField | HllField
+
+# ---------------------------------------------------------------- Sum, Min, Max, First, Last, Mean
+_NULL, _INT, _FLOAT, _OBJECT = 0, 1, 2, 3
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+@dataclass
+class ScalarColumn:
+    """One value (or None) per key: int64 and float64 values in numpy, anything else as Python objects."""
+
+    tags: np.ndarray  # uint8: _NULL, _INT, _FLOAT or _OBJECT
+    bits: np.ndarray  # int64: the int, or the float's bits
+    objects: dict  # row -> value, for _OBJECT rows
+
+    def __len__(self) -> int:
+        return len(self.tags)
+
+    def value(self, row: int) -> Any:
+        tag = self.tags[row]
+        if tag == _INT:
+            return int(self.bits[row])
+        if tag == _FLOAT:
+            return float(self.bits[row:row + 1].view(np.float64)[0])
+        return self.objects[row] if tag == _OBJECT else None
+
+
+def _scalar_column(values: Sequence[Any]) -> ScalarColumn:
+    n = len(values)
+    tags = np.zeros(n, dtype=np.uint8)
+    bits = np.zeros(n, dtype=np.int64)
+    floats = bits.view(np.float64)
+    objects: dict[int, Any] = {}
+    lo, hi = _INT64
+    for i, v in enumerate(values):
+        t = type(v)
+        if v is None:
+            continue
+        if t is int and lo <= v <= hi:
+            tags[i], bits[i] = _INT, v
+        elif t is float:
+            tags[i], floats[i] = _FLOAT, v
+        else:
+            tags[i] = _OBJECT
+            objects[i] = v
+    return ScalarColumn(tags, bits, objects)
+
+
+class ScalarField:
+    """``Sum``, ``Min``, ``Max``, ``First``, ``Last``: a value or None per key.
+
+    Rows of int64s or of floats merge with numpy (a sum that would overflow
+    int64, mixed ints and floats and other values merge in Python with the
+    aggregation's own ``merge``, so results equal the object path's).
+    """
+
+    def __init__(self, agg: Any) -> None:
+        self.agg = agg
+        self.kind = type(agg).__name__.lower()
+
+    def empty(self, n: int) -> ScalarColumn:
+        return ScalarColumn(np.zeros(n, np.uint8), np.zeros(n, np.int64), {})
+
+    # -- layout: u8 tag, then 8 bytes (int64 or float64) or u32 length + a pickle
+    def decode(self, data: np.ndarray, pos: np.ndarray) -> tuple[ScalarColumn, np.ndarray]:
+        tags = data[pos].copy()
+        fixed = tags != _OBJECT
+        bits = np.zeros(len(pos), dtype=np.int64)
+        bits[fixed] = _read(data, pos[fixed] + 1, "<i8")
+        objects: dict[int, Any] = {}
+        ends = pos + 9
+        for row in np.flatnonzero(~fixed).tolist():
+            at = int(pos[row]) + 1
+            size = int(_read(data, np.array([at]), "<u4")[0])
+            objects[row] = pickle.loads(data[at + 4:at + 4 + size].tobytes())
+            ends[row] = at + 4 + size
+        return ScalarColumn(tags, bits, objects), ends
+
+    def _pickles(self, column: ScalarColumn) -> dict[int, bytes]:
+        return {row: pickle.dumps(v, 5) for row, v in column.objects.items()}
+
+    def sizes(self, column: ScalarColumn) -> np.ndarray:
+        sizes = np.full(len(column), 9, dtype=np.int64)
+        for row, blob in self._pickles(column).items():
+            sizes[row] = 5 + len(blob)
+        return sizes
+
+    def encode(self, buf: np.ndarray, pos: np.ndarray, column: ScalarColumn) -> np.ndarray:
+        buf[pos] = column.tags
+        fixed = column.tags != _OBJECT
+        _write(buf, pos[fixed] + 1, column.bits[fixed], "<i8")
+        ends = pos + 9
+        for row, blob in self._pickles(column).items():
+            at = int(pos[row]) + 1
+            buf[at:at + 4] = np.frombuffer(struct.pack("<I", len(blob)), dtype=np.uint8)
+            buf[at + 4:at + 4 + len(blob)] = np.frombuffer(blob, dtype=np.uint8)
+            ends[row] = at + 4 + len(blob)
+        return ends
+
+    def merge(self, a: ScalarColumn, b: ScalarColumn) -> ScalarColumn:
+        """``merge(a[i], b[i])`` per row (``a`` the earlier)."""
+        kind = self.kind
+        tags = np.where(a.tags == _NULL, b.tags, a.tags)
+        bits = np.where(a.tags == _NULL, b.bits, a.bits)
+        both = (a.tags != _NULL) & (b.tags != _NULL)
+        same = both & (a.tags == b.tags) & (a.tags != _OBJECT)
+        ints = same & (a.tags == _INT)
+        floats = same & (a.tags == _FLOAT)
+        python = both & ~same
+        if kind == "last":
+            tags = np.where(b.tags != _NULL, b.tags, a.tags)
+            bits = np.where(b.tags != _NULL, b.bits, a.bits)
+        elif kind in ("min", "max"):
+            pick = np.minimum if kind == "min" else np.maximum
+            bits[ints] = pick(a.bits[ints], b.bits[ints])
+            fa, fb = a.bits.view(np.float64), b.bits.view(np.float64)
+            bits[floats] = pick(fa[floats], fb[floats]).view(np.int64)
+        elif kind == "sum":
+            with np.errstate(over="ignore"):
+                total = a.bits[ints] + b.bits[ints]
+            x, y = a.bits[ints], b.bits[ints]
+            overflow = ((x > 0) & (y > 0) & (total < 0)) | ((x < 0) & (y < 0) & (total >= 0))
+            bits[ints] = total
+            if overflow.any():
+                python[np.flatnonzero(ints)[overflow]] = True
+            fa, fb = a.bits.view(np.float64), b.bits.view(np.float64)
+            bits[floats] = (fa[floats] + fb[floats]).view(np.int64)
+        out = ScalarColumn(tags, bits, {})
+        keep_a = a.tags == _OBJECT
+        keep_b = b.tags == _OBJECT
+        for row in np.flatnonzero((keep_a | keep_b) & ~python).tolist():  # one side only, or kept as is
+            if kind == "last" and b.tags[row] != _NULL:
+                source = b
+            elif kind == "last" or a.tags[row] != _NULL:
+                source = a
+            else:
+                source = b
+            if source.tags[row] == _OBJECT:
+                out.objects[row] = source.objects[row]
+        merge = self.agg.merge
+        lo, hi = _INT64
+        for row in np.flatnonzero(python).tolist():
+            value = merge(a.value(row), b.value(row))
+            if type(value) is int and lo <= value <= hi:
+                out.tags[row], out.bits[row] = _INT, value
+            elif type(value) is float:
+                out.tags[row] = _FLOAT
+                out.bits[row:row + 1].view(np.float64)[0] = value
+            else:
+                out.tags[row] = _NULL if value is None else _OBJECT
+                if value is not None:
+                    out.objects[row] = value
+        return out
+
+    def results(self, column: ScalarColumn) -> np.ndarray:
+        out = np.empty(len(column), dtype=object)
+        ints = np.flatnonzero(column.tags == _INT)
+        floats = np.flatnonzero(column.tags == _FLOAT)
+        out[ints] = column.bits[ints].tolist()
+        out[floats] = column.bits.view(np.float64)[floats].tolist()
+        for row, value in column.objects.items():
+            out[row] = value
+        return out
+
+    def from_partials(self, partials: Sequence[Any]) -> ScalarColumn:
+        return _scalar_column([p.item() if isinstance(p, np.generic) else p for p in partials])
+
+    def from_sql(self, values: Any) -> ScalarColumn:
+        """``(values, non-null counts)`` as the SQL combine gives them (ints, or strings for a pick)."""
+        values, counts = values
+        present = np.asarray(counts) > 0
+        if isinstance(values, np.ndarray) and values.dtype == np.int64:
+            return ScalarColumn(np.where(present, _INT, _NULL).astype(np.uint8), np.where(present, values, 0), {})
+        return _scalar_column([v if p else None for v, p in zip(list(values), present.tolist())])
+
+    def partial(self, column: ScalarColumn, row: int) -> Any:
+        return column.value(row)
+
+    def length(self, column: ScalarColumn) -> int:
+        return len(column)
+
+    def spread(self, column: ScalarColumn, where: np.ndarray, n: int) -> ScalarColumn:
+        out = self.empty(n)
+        out.tags[where] = column.tags
+        out.bits[where] = column.bits
+        out.objects.update({int(where[row]): value for row, value in column.objects.items()})
+        return out
+
+
+class MeanField:
+    """``Mean``: a sum (as :class:`ScalarField` of a ``Sum``) and an int64 count per key."""
+
+    kind = "mean"
+
+    def __init__(self) -> None:
+        self.sum = ScalarField(Sum("_"))
+        self.count = CountField()
+
+    def empty(self, n: int) -> tuple:
+        return (self.sum.empty(n), self.count.empty(n))
+
+    def decode(self, data: np.ndarray, pos: np.ndarray) -> tuple[tuple, np.ndarray]:
+        total, pos = self.sum.decode(data, pos)
+        count, pos = self.count.decode(data, pos)
+        return (total, count), pos
+
+    def sizes(self, column: tuple) -> np.ndarray:
+        return self.sum.sizes(column[0]) + 8
+
+    def encode(self, buf: np.ndarray, pos: np.ndarray, column: tuple) -> np.ndarray:
+        return self.count.encode(buf, self.sum.encode(buf, pos, column[0]), column[1])
+
+    def merge(self, a: tuple, b: tuple) -> tuple:
+        return (self.sum.merge(a[0], b[0]), a[1] + b[1])
+
+    def results(self, column: tuple) -> np.ndarray:
+        totals, counts = self.sum.results(column[0]), column[1]
+        out = np.empty(len(counts), dtype=object)
+        for row in np.flatnonzero(counts).tolist():
+            out[row] = float(totals[row] / int(counts[row]))
+        return out
+
+    def from_partials(self, partials: Sequence[Any]) -> tuple:
+        sums = [None if not c else (s.item() if isinstance(s, np.generic) else s) for s, c in partials]
+        return (_scalar_column(sums), np.fromiter((c for _, c in partials), dtype=np.int64, count=len(partials)))
+
+    def from_sql(self, values: Any) -> tuple:
+        sums, counts = values
+        counts = np.asarray(counts, dtype=np.int64)
+        return (self.sum.from_sql((sums, counts)), counts)
+
+    def partial(self, column: tuple, row: int) -> tuple:
+        total = column[0].value(row)
+        return (0 if total is None else total, int(column[1][row]))
+
+    def length(self, column: tuple) -> int:
+        return len(column[1])
+
+    def spread(self, column: tuple, where: np.ndarray, n: int) -> tuple:
+        return (self.sum.spread(column[0], where, n), self.count.spread(column[1], where, n))
+
+
+Field = Any  # CountField | HllField | ScalarField | MeanField
 
 
 # ---------------------------------------------------------------- the layout
@@ -425,6 +666,7 @@ class ColumnarLayout:
             f"{name}={field.kind}" + (f":{field.lg_k}:{field.tgt_type}" if field.kind == "hll" else "")
             for name, field in zip(self.names, self.fields)
         ).encode()
+
         # version, header length, header: a stored value names its fields
         self.header = bytes([_FORMAT]) + struct.pack("<H", len(spec)) + spec
         self._head = np.frombuffer(_IMAGE_HEAD, dtype=np.uint8)
@@ -433,12 +675,19 @@ class ColumnarLayout:
 
     @classmethod
     def of(cls, aggregations: Mapping[str, Any]) -> Optional["ColumnarLayout"]:
+        if any(c in name for name in aggregations for c in "=;:"):
+            return None  # a stored header could not be read back: such outputs stay objects
         fields: list[Field] = []
         for agg in aggregations.values():
-            if type(agg) is Count:
+            kind = type(agg)
+            if kind is Count:
                 fields.append(CountField())
-            elif type(agg) is ApproxDistinct:
+            elif kind is ApproxDistinct:
                 fields.append(HllField(agg.lg_k, agg.tgt_type))
+            elif kind in (Sum, Min, Max, First, Last):
+                fields.append(ScalarField(agg))
+            elif kind is Mean:
+                fields.append(MeanField())
             else:
                 return None
         return cls(list(aggregations), fields)
@@ -453,7 +702,7 @@ class ColumnarLayout:
             name, spec = item.split("=", 1)
             parts = spec.split(":")
             names.append(name)
-            fields.append(CountField() if parts[0] == "count" else HllField(int(parts[1]), parts[2]))
+            fields.append(_field_of(parts))
         return cls(names, fields)
 
     # -- blocks
@@ -505,15 +754,7 @@ class ColumnarLayout:
         return self._spread(block, np.flatnonzero(present), n)
 
     def _spread(self, block: list[Any], where: np.ndarray, n: int) -> list[Any]:
-        out = []
-        for field, column in zip(self.fields, block):
-            if field.kind == "count":
-                full = np.zeros(n, dtype=np.int64)
-                full[where] = column
-                out.append(full)
-            else:
-                out.append(HllColumn(n, where[column.rows], column.coupons, where[column.dense_rows], column.registers))
-        return out
+        return [field.spread(column, where, n) for field, column in zip(self.fields, block)]
 
     def _decode_objects(self, values: Sequence[Any]) -> list[Any]:
         """Values written by the object path (dicts of partials, from older checkpoints)."""
@@ -546,7 +787,7 @@ class ColumnarLayout:
 
     def encode(self, block: list[Any]) -> list[bytes]:
         """One stored value per row of ``block`` (the bytes of a :class:`PackedAccumulator`)."""
-        n = len(block[0]) if self.fields[0].kind == "count" else block[0].n
+        n = self.fields[0].length(block[0])
         payload = np.full(n, len(self.header), dtype=np.int64)
         for field, column in zip(self.fields, block):
             payload += field.sizes(column)
@@ -567,8 +808,25 @@ class ColumnarLayout:
         return [data[s:e] for s, e in zip(starts.tolist(), ends.tolist())]
 
 
+def _field_of(parts: list[str]) -> Field:
+    """The field a stored header names (``count``, ``hll:<lg_k>:<type>``, ``sum``, ``min``, ..., ``mean``)."""
+    kind = parts[0]
+    if kind == "count":
+        return CountField()
+    if kind == "hll":
+        return HllField(int(parts[1]), parts[2])
+    if kind == "mean":
+        return MeanField()
+    picks = {"sum": Sum, "min": Min, "max": Max, "first": First, "last": Last}
+    if kind in picks:
+        return ScalarField(picks[kind]("_"))
+    raise ValueError(f"a stored accumulator names an unknown field kind {kind!r}")
+
+
 def _empty_partial(field: Field) -> Any:
-    return 0 if field.kind == "count" else HllPartial.from_bytes(field.coupon_image(np.empty(0, np.uint32)))
+    if field.kind == "hll":
+        return HllPartial.from_bytes(field.coupon_image(np.empty(0, np.uint32)))
+    return field.partial(field.empty(1), 0)
 
 
 class PackedSerializer:

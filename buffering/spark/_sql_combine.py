@@ -96,17 +96,19 @@ def sql_exprs(aggs: Aggregations, partials: list[SqlPartial]) -> list[Any]:
     return exprs
 
 
-def columns(frame: pd.DataFrame, partials: list[SqlPartial]) -> Optional[dict[str, Any]]:
-    """Each output's partials as one column (counts as int64, sketches as bytes), for a columnar merge;
-    None when one of them is not a count or a sketch."""
+def columns(frame: pd.DataFrame, partials: list[SqlPartial]) -> dict[str, Any]:
+    """Each output's partials as columns, for a columnar merge: counts as int64, sketches as bytes, sums,
+    means and picks as (values, non-null counts)."""
     out: dict[str, Any] = {}
     for p in partials:
         if p.kind == "count":
             out[p.name] = frame[p.columns[0]].to_numpy(dtype="int64")
         elif p.kind == "hll":
             out[p.name] = frame[p.columns[0]].tolist()
-        else:
-            return None
+        elif p.kind in ("sum", "mean", "pick_int"):
+            out[p.name] = (frame[p.columns[0]].to_numpy(dtype="int64"), frame[p.columns[1]].to_numpy(dtype="int64"))
+        else:  # pick_str
+            out[p.name] = (frame[p.columns[0]].tolist(), frame[p.columns[1]].to_numpy(dtype="int64"))
     return out
 
 

@@ -356,9 +356,9 @@ def _run_task(
                     max_event = max(max_event, int(part[EVENT_TIME_COLUMN].max()))
                 nkeys = _normalized_keys(part, plan.key_columns)
                 rows = part[ROWS_COLUMN].tolist()
-                columns = sql_columns(part, list(plan.sql_partials)) if plan.combine == "sql" else None
                 direct = None
-                if columns is not None:
+                if plan.combine == "sql" and instance.merges_columns:
+                    columns = sql_columns(part, list(plan.sql_partials))
                     direct = instance.process_columns(nkeys, part[plan.key_columns], columns, rows, now)
                 if direct is not None:
                     out = direct
@@ -561,7 +561,10 @@ def host_instance(
 
 def _normalized_keys(frame: pd.DataFrame, key_columns: list[str]) -> list[Any]:
     if len(key_columns) == 1:
-        return [normalize_key(v) for v in frame[key_columns[0]].tolist()]
+        column = frame[key_columns[0]]
+        if column.dtype == np.int64:  # an int64 is its own normalized key (a bare int of 64 bits)
+            return column.tolist()
+        return [normalize_key(v) for v in column.tolist()]
     return [normalize_key(tuple(row)) for row in frame[key_columns].itertuples(index=False, name=None)]
 
 

@@ -11,7 +11,7 @@ import pytest
 
 datasketches = pytest.importorskip("datasketches")
 
-from buffering import ApproxDistinct, Count, LocalRunner, Max, aggregate, cached_state  # noqa: E402
+from buffering import ApproxDistinct, CollectSet, Count, LocalRunner, Max, aggregate, cached_state  # noqa: E402
 from buffering.aggregations.columnar import (  # noqa: E402
     ColumnarLayout,
     HllField,
@@ -117,9 +117,9 @@ def layout():
     return ColumnarLayout.of({"views": Count(), "viewers": ApproxDistinct("user")})
 
 
-def test_only_counts_and_approx_distinct_have_a_column_form():
-    assert ColumnarLayout.of({"n": Count(), "d": ApproxDistinct("u")}) is not None
-    assert ColumnarLayout.of({"n": Count(), "top": Max("v")}) is None
+def test_every_aggregation_but_collect_set_has_a_column_form():
+    assert ColumnarLayout.of({"n": Count(), "d": ApproxDistinct("u"), "top": Max("v")}) is not None
+    assert ColumnarLayout.of({"n": Count(), "users": CollectSet("u")}) is None
 
 
 def test_a_stored_value_unpickles_to_a_mapping_of_the_partials():
@@ -207,3 +207,48 @@ def test_a_runners_state_shows_each_keys_accumulators_as_a_mapping():
     acc = runner.get_state(1)
     assert acc["views"] == 2 and round(acc["viewers"].estimate()) == 2
     assert {k: v["views"] for k, v in runner.state().items()} == {(1,): 2, (2,): 1}
+
+
+# ---------------------------------------------------------------- sums, picks, means
+from buffering import First, Last, Mean, Min, Sum  # noqa: E402
+from buffering.aggregations import Aggregations  # noqa: E402
+
+SCALARS = {"n": Count(), "total": Sum("x"), "lo": Min("x"), "hi": Max("x"), "first": First("x"), "last": Last("x"),
+           "avg": Mean("x")}
+
+
+def object_path(aggs, earlier, later):
+    return [aggs.merge(a, b) for a, b in zip(earlier, later)]
+
+
+@pytest.mark.parametrize("values", [
+    [1, 5, None, -3],
+    [1.5, None, 2.25, -0.5],
+    [1, 2.5, None, 7],  # ints and floats mixed across keys and batches
+    ["b", "a", None, "c"],  # strings: kept as objects
+    [2**62, 2**62, 3, None],  # a sum past int64 stays exact
+])
+def test_sums_picks_and_means_merge_as_the_object_path_does(values):
+    aggs = Aggregations(SCALARS if not isinstance(values[0], str) else
+                        {k: v for k, v in SCALARS.items() if k not in ("total", "avg")})
+    lay = ColumnarLayout.of(aggs)
+    frame = pd.DataFrame({"k": [0, 1, 2, 3, 0, 1, 2, 3], "x": values + values[::-1]})
+    earlier = [acc for _, acc in aggs.rows(aggs.partials(frame.iloc[:4], ["k"]))]
+    later = [acc for _, acc in aggs.rows(aggs.partials(frame.iloc[4:], ["k"]))]
+    stored = lay.encode(lay.from_accumulators(earlier))
+    merged = lay.merge(lay.decode(stored), lay.from_accumulators(later))
+    got = lay.results(lay.decode(lay.encode(merged)))
+    expected = [aggs.result(acc) for acc in object_path(aggs, earlier, later)]
+    for name in aggs:
+        assert got[name].tolist() == [e[name] for e in expected], name
+
+
+def test_a_mean_of_no_values_is_none_and_its_partial_is_the_identity():
+    lay = ColumnarLayout.of({"avg": Mean("x")})
+    block = lay.from_accumulators([{"avg": (0, 0)}])
+    assert lay.results(block)["avg"].tolist() == [None]
+    assert pickle.loads(lay.encode(block)[0])["avg"] == (0, 0)
+
+
+def test_outputs_named_with_separators_keep_their_accumulators_as_objects():
+    assert ColumnarLayout.of({"a:b": Count()}) is None

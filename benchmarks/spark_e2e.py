@@ -47,10 +47,12 @@ and Spark's progress ``durationMs.triggerExecution`` for every variant.
 the JSON). Ratios are computed within the same run: ``vs (a)`` = time(a) /
 time(x) (how many times faster than (a)), ``vs floor`` = time(x) / time(d).
 
-Correctness, per cardinality: the last output row per tweet of (a), (b) and
-(c) have the same tweets and equal view counts (also equal to a pandas count
-of the input); the HLL estimates are within 5 % of each other (and their error
-against the exact distinct count is reported). A mismatch is printed loudly
+Correctness, per cardinality: the last output row per tweet of (a), (b), (c)
+and (e) have the same tweets and equal view counts (also equal to a pandas
+count of the input); the HLL estimates are within 5 % of each other (against
+(e) also when within 2 viewers: Spark's HyperLogLog++ has no sparse mode, so
+a few viewers sharing a register count once), and their error against the
+exact distinct count is reported. A mismatch is printed loudly
 and recorded in the JSON.
 
 Targets: (c) >= 40x faster than (a) and >= 3x faster than (e) at 100k tweets;
@@ -120,6 +122,8 @@ TARGET_C_VS_E = 3.0  # at the largest cardinality (100k)
 #: approx_count_distinct's relative SD for HyperLogLog++ with 2**12 registers (precision
 #: p = ceil(2 * log2(1.106 / rsd)) = 12), the register count of ApproxDistinct(lg_k=12)
 SPARK_RSD = 0.0173
+#: against (e): estimates may also differ by this many viewers (register collisions at few viewers)
+SPARK_HLL_ABS_TOLERANCE = 2
 TARGET_B_VS_A = 1.0
 
 
@@ -483,8 +487,14 @@ def verify(views: pd.DataFrame, outs: dict[str, str]) -> dict[str, Any]:
             ey = fy.loc[common, "viewers"].to_numpy(np.float64)
             rel = np.abs(ex - ey) / np.maximum(np.maximum(ex, ey), 1.0)
             pair["hll_max_rel_diff"] = float(rel.max()) if len(rel) else 0.0
+            pair["hll_max_abs_diff"] = float(np.abs(ex - ey).max()) if len(rel) else 0.0
             pair["hll_identical"] = int((ex == ey).sum())
-            outside = int((rel > HLL_TOLERANCE).sum())
+            if "e" in (x, y):
+                # Spark's HyperLogLog++ has no sparse mode: two of a few viewers in one register count once
+                # (a tweet of 5 viewers reads 4 about once in 800), where a DataSketches coupon set is exact.
+                outside = int(((rel > HLL_TOLERANCE) & (np.abs(ex - ey) > SPARK_HLL_ABS_TOLERANCE)).sum())
+            else:
+                outside = int((rel > HLL_TOLERANCE).sum())
             pair["hll_outside_tolerance"] = outside
             if outside:
                 check["problems"].append(
@@ -756,7 +766,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
                 continue
             v = c["verification"]
             pairs = "; ".join(
-                f"{k}: views mismatches {p['view_count_mismatches']}, HLL max rel diff {p['hll_max_rel_diff']:.4f}"
+                f"{k}: views mismatches {p['view_count_mismatches']}, HLL max rel diff {p['hll_max_rel_diff']:.4f} "
+                f"(max abs {p.get('hll_max_abs_diff', 0):.0f}, outside tolerance {p['hll_outside_tolerance']})"
                 for k, p in v.get("pairs", {}).items())
             errs = "; ".join(f"({k}) HLL max rel err vs exact {i['hll_max_rel_error_vs_exact']:.4f}"
                              for k, i in v.get("variants", {}).items())

@@ -103,6 +103,11 @@ class WindowSpec:
         """Whether windows of a key merge (sessions)."""
         return False
 
+    @property
+    def windows_per_row_sql(self) -> bool:
+        """Whether :meth:`start_sql` is an array (a row in several windows) to explode."""
+        return False
+
 
 @dataclass(frozen=True, init=False)
 class Tumbling(WindowSpec):
@@ -162,6 +167,10 @@ class Hopping(WindowSpec):
     @property
     def windows_per_row(self) -> int:
         return -(-self.size_ms // self.slide_ms)
+
+    @property
+    def windows_per_row_sql(self) -> bool:
+        return True
 
     def starts(self, event_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         k = self.windows_per_row

@@ -284,7 +284,10 @@ class StreamRunner:
 
             self._task_sink = self.sink
             self.plan = dataclasses.replace(
-                self.plan, sink_dir=self.sink.local_dir(), sink_schema=to_arrow_schema(nullable(self.output_schema))
+                self.plan,
+                sink_dir=self.sink.local_dir(),
+                # timezone: a timestamp column (e.g. a window's start) is an instant, written as UTC
+                sink_schema=to_arrow_schema(nullable(self.output_schema), timezone="UTC"),
             )
         self._combined_schema = self._combined(input_schema) if self.combine_before_shuffle else None
 

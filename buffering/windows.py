@@ -269,8 +269,9 @@ class WindowRuntime:
         self.key_columns = list(key_columns)
         self.event_time = event_time
         #: Tumbling/hopping: window start -> keys of the open windows with that start (rebuilt from the
-        #: state after a restore), and a heap of the starts, so closing visits only what closes.
-        self._open: Optional[dict[int, list[NormalizedKey]]] = None
+        #: state after a restore), and a heap of the starts, so closing visits only what closes. It also
+        #: says which windows have state: a new window's accumulator is not looked up in the store.
+        self._open: Optional[dict[int, set[NormalizedKey]]] = None
         self._heap: list[int] = []
 
     @property
@@ -336,21 +337,26 @@ class WindowRuntime:
         if self.spec.merges:
             return self._flush_sessions(instance, keys, partials)
         state = instance.state
-        stored = state.get_many(keys)
-        merge = self.aggs.merge
-        merged = []
         index = self._index(instance)
-        for nkey, s, p in zip(keys, stored, partials):
-            if s is None:
-                start = key_columns(nkey)[-1]
+        empty: frozenset = frozenset()
+        held = [i for i, nkey in enumerate(keys) if nkey in index.get(nkey[-1], empty)]
+        merged = list(partials)
+        if held:
+            merge = self.aggs.merge
+            for i, stored in zip(held, state.get_many([keys[i] for i in held])):
+                if stored is not None:
+                    merged[i] = merge(stored, merged[i])
+        if len(held) < len(keys):
+            is_held = np.zeros(len(keys), dtype=bool)
+            is_held[held] = True
+            for i in np.flatnonzero(~is_held).tolist():
+                nkey = keys[i]
+                start = nkey[-1]
                 bucket = index.get(start)
                 if bucket is None:
-                    bucket = index[start] = []
+                    bucket = index[start] = set()
                     heapq.heappush(self._heap, start)
-                bucket.append(nkey)
-                merged.append(p)
-            else:
-                merged.append(merge(s, p))
+                bucket.add(nkey)
         state.put_many(zip(keys, merged))
         if self.config.emit != "update":
             return []
@@ -445,13 +451,12 @@ class WindowRuntime:
         return [self._session_frame(closed, instance)]
 
     # ------------------------------------------------------------ the open windows (tumbling, hopping)
-    def _index(self, instance: "OperatorInstance") -> dict[int, list[NormalizedKey]]:
+    def _index(self, instance: "OperatorInstance") -> dict[int, set[NormalizedKey]]:
         if self._open is None:
             self._open = {}
             for nkey in instance.state.keys():
                 nkey = normalize_key(nkey)
-                start = key_columns(nkey)[-1]
-                self._open.setdefault(start, []).append(nkey)
+                self._open.setdefault(key_columns(nkey)[-1], set()).add(nkey)
             self._heap = list(self._open)
             heapq.heapify(self._heap)
         return self._open
@@ -485,10 +490,15 @@ class WindowRuntime:
         return pd.DataFrame(data, columns=[*self.key_columns, WINDOW_START, WINDOW_END, *self.aggs])
 
     def _fixed_frame(self, keys: list[NormalizedKey], accs: list[Any], instance: "OperatorInstance") -> pd.DataFrame:
-        starts = [key_columns(k)[-1] for k in keys]
-        length = self.spec.length_ms
+        starts = np.fromiter((k[-1] for k in keys), dtype=np.int64, count=len(keys))  # (key..., start) tuples
         instance.metrics.rows_out += len(keys)
-        return self._frame([user_key(k) for k in keys], starts, [s + length for s in starts], accs)
+        if len(self.key_columns) == 1:
+            users = [k[0] for k in keys]  # the key's one normalized element
+            if any(type(u) is tuple for u in users):  # a tagged element (float, timestamp...): a tuple key
+                users = [(u,) for u in users]
+        else:
+            users = [k[:-1] for k in keys]
+        return self._frame(users, starts, starts + self.spec.length_ms, accs)
 
     def _session_frame(self, sessions: list[tuple[NormalizedKey, list[Any]]], instance: "OperatorInstance") -> pd.DataFrame:
         instance.metrics.rows_out += len(sessions)

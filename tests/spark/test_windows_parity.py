@@ -126,3 +126,39 @@ def test_windowed_aggregate_gives_the_final_rows_of_sparks_windowed_aggregation(
     pd.testing.assert_frame_equal(got, expected)
     per_row = -(-10 // 4) if name == "hopping" else 1  # each late row is late in every window it falls in
     assert dropped >= late and dropped <= late * per_row
+
+
+def test_windows_of_aggregations_without_a_sql_twin_are_assigned_by_the_instances(spark, tmp_path):
+    """First() has no SQL twin: rows reach the instances as they are; the result equals LocalRunner's."""
+    from buffering import First, LocalRunner
+
+    frames, late = inputs(12, 10 * SECOND)
+    source = write_batches(str(tmp_path / "in"), frames)
+    op = buffering.aggregate({"n": Count(), "s": Sum("v"), "first": First("v")}, window=Hopping("10 seconds", "5 seconds"))
+    out: list = []
+    query = buffering.spark.run_stream(
+        stream_of(spark, source, SCHEMA), op, key="k", event_time="ts", watermark_delay_ms=20 * SECOND,
+        checkpoint_location=str(tmp_path / "ck"), sink=collect_sink(out), trigger={"availableNow": True}, parallelism=3,
+    )
+    query.awaitTermination()
+    assert query.runner.combine == "none"
+    got = _rows_with_first(out)
+    runner = LocalRunner(op, key="k", event_time="ts", watermark_delay_ms=20 * SECOND)
+    local, local_late = [], 0
+    for i, f in enumerate(frames):
+        local.append((i, runner.process(f)))
+        local_late += runner.stats()["dropped_late_rows"]
+    pd.testing.assert_frame_equal(got, _rows_with_first(local), check_dtype=False)
+    assert sum(m.dropped_late_rows for m in query.batch_metrics) == local_late >= late > 0
+
+
+def _rows_with_first(out: list) -> pd.DataFrame:
+    df = pd.concat([pdf for _, pdf in out if len(pdf)], ignore_index=True)
+    df = df[df["k"] != -1]
+    return pd.DataFrame({
+        "k": df["k"].astype("int64").to_numpy(),
+        "start": pd.to_datetime(df["window_start"], utc=True).astype("datetime64[ms, UTC]").astype("int64").to_numpy(),
+        "n": df["n"].astype("int64").to_numpy(), "s": df["s"].astype("int64").to_numpy(),
+        "first": df["first"].astype("int64").to_numpy(),
+    }).sort_values(["k", "start"]).reset_index(drop=True)
+

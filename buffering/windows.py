@@ -419,7 +419,7 @@ class WindowRuntime:
             if len(present) != len(keys):
                 keys, values = [keys[i] for i in present], [values[i] for i in present]
             out.append(self._fixed_frame(keys, values, instance))
-        instance.state.delete_many(keys)
+        _delete_closed(instance, keys)
         instance.metrics.expired += len(keys)
         return out
 
@@ -444,7 +444,7 @@ class WindowRuntime:
         if keep:
             instance.state.put_many(keep)
         if gone:
-            instance.state.delete_many(gone)
+            _delete_closed(instance, gone)
         instance.metrics.expired += len(closed)
         if self.config.emit != "watermark" or not closed:
             return []
@@ -505,6 +505,15 @@ class WindowRuntime:
         return self._frame(
             [u for u, _ in sessions], [w[0] for _, w in sessions], [w[1] for _, w in sessions], [w[2] for _, w in sessions]
         )
+
+
+def _delete_closed(instance: "OperatorInstance", keys: list[NormalizedKey]) -> None:
+    """Delete closed windows' state; a cache keeps no entry for them (they are never read again)."""
+    delete_uncached = getattr(instance.state, "delete_uncached", None)
+    if delete_uncached is not None:
+        delete_uncached(keys)
+    else:
+        instance.state.delete_many(keys)
 
 
 def check_window_columns(key_columns: Sequence[str], outputs: Sequence[str]) -> None:

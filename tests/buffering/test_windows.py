@@ -184,6 +184,16 @@ def test_update_mode_emits_nothing_when_a_window_closes():
     assert runner.state() == {(2, 50 * SECOND): {"n": 1, "s": 0}}  # key 1's window closed: gone, not emitted again
 
 
+def test_update_mode_emits_a_session_with_its_bounds_after_a_merge():
+    runner = LocalRunner(
+        aggregate(AGGS, window=Session("5s"), emit="update"), key="k", event_time="ts", watermark_delay_ms=60 * SECOND
+    )
+    first = runner.process(rows([1, 1], [0, 8 * SECOND], [1, 2]))
+    assert table([first]) == {(1, 0, 5 * SECOND): (1, 1), (1, 8 * SECOND, 13 * SECOND): (1, 2)}
+    second = runner.process(rows([1], [4 * SECOND], [4]))
+    assert table([second]) == {(1, 0, 13 * SECOND): (3, 7)}
+
+
 # ---------------------------------------------------------------- grace and late rows
 def test_grace_keeps_a_window_open_for_rows_after_its_end():
     runner = LocalRunner(aggregate(AGGS, window=Tumbling("10s"), grace="5s"), key="k", event_time="ts")

@@ -162,3 +162,39 @@ def _rows_with_first(out: list) -> pd.DataFrame:
         "first": df["first"].astype("int64").to_numpy(),
     }).sort_values(["k", "start"]).reset_index(drop=True)
 
+
+
+def test_update_mode_gives_the_rows_of_sparks_update_mode(spark, tmp_path):
+    """emit="update": every window a batch changed, with its running result, as Spark's outputMode("update")."""
+    from pyspark.sql import functions as F
+
+    frames, _ = inputs(13, 10 * SECOND)
+    rng = np.random.default_rng(14)
+    for b in range(1, 6):  # rows of the previous batch's last window, still open for both: updated twice
+        extra = _frame(rng.integers(0, 6, 3), rng.integers((b - 1) * SPAN + 10 * SECOND, b * SPAN, 3), [5, 6, 7])
+        frames[b] = pd.concat([frames[b], extra], ignore_index=True)
+    source = write_batches(str(tmp_path / "in"), frames)
+    spark_out: list = []
+    df = stream_of(spark, source, SCHEMA).withWatermark("ts", DELAY)
+    agg = df.groupBy(F.window("ts", "10 seconds").alias("w"), "k").agg(F.count(F.lit(1)).alias("n"), F.sum("v").alias("s"))
+    agg = agg.select("k", F.col("w.start").alias("window_start"), F.col("w.end").alias("window_end"), "n", "s")
+    query = (
+        agg.writeStream.outputMode("update").foreachBatch(collect_sink(spark_out))
+        .option("checkpointLocation", str(tmp_path / "spark-ck")).trigger(availableNow=True).start()
+    )
+    query.awaitTermination()
+    out: list = []
+    query = buffering.spark.run_stream(
+        stream_of(spark, source, SCHEMA),
+        buffering.aggregate({"n": Count(), "s": Sum("v")}, window=Tumbling("10 seconds"), emit="update"),
+        key="k", event_time="ts", watermark_delay_ms=20 * SECOND, checkpoint_location=str(tmp_path / "ck"),
+        sink=collect_sink(out), trigger={"availableNow": True}, parallelism=2,
+    )
+    query.awaitTermination()
+    expected = _rows(spark_out)  # every update of every window (a multiset: batch ids may differ)
+    got = _rows(out)
+    assert len(expected) > len(expected.drop_duplicates(["k", "window_start"]))  # some windows updated twice
+    pd.testing.assert_frame_equal(
+        got.sort_values(["k", "window_start", "n"]).reset_index(drop=True),
+        expected.sort_values(["k", "window_start", "n"]).reset_index(drop=True),
+    )

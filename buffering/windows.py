@@ -30,7 +30,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -49,7 +49,9 @@ WINDOW_START = "window_start"
 WINDOW_END = "window_end"
 EMIT_MODES = ("watermark", "update")
 
-Duration = Union[int, float, str, pd.Timedelta, "np.timedelta64", Any]
+#: A duration: milliseconds (int/float), a ``pd.Timedelta``/``datetime.timedelta``/``np.timedelta64``, or a string
+#: pandas reads as one ("10 minutes", "30s").
+Duration = Any
 
 
 def duration_ms(name: str, value: Any, *, allow_zero: bool = False) -> int:
@@ -251,10 +253,6 @@ def user_key(nkey: NormalizedKey) -> NormalizedKey:
     return rest[0] if len(rest) == 1 and type(rest[0]) is not tuple else rest
 
 
-def window_key(ukey: NormalizedKey, start: int) -> NormalizedKey:
-    return (*key_columns(ukey), int(start))
-
-
 class WindowRuntime:
     """The windows of one operator instance: assignment, late rows, merges, closing and emission.
 
@@ -391,8 +389,7 @@ class WindowRuntime:
                     sessions.append(list(w))
             updates.append((ukey, [[s, e, acc] for s, e, acc, _ in sessions]))
             changed.extend((ukey, w) for w in sessions if w[3])
-            instance.timers.set(ukey, self.config.closes_at(sessions[0][1]) if len(sessions) == 1 else
-                                self.config.closes_at(min(w[1] for w in sessions)))
+            instance.timers.set(ukey, self.config.closes_at(min(w[1] for w in sessions)))  # the first to close
         instance.state.put_many(updates)
         if self.config.emit != "update":
             return []
@@ -465,11 +462,6 @@ class WindowRuntime:
         """The state changed under the instance (a restore, an adopted store): rebuild the index when next needed."""
         self._open = None
         self._heap = []
-
-    def open_windows(self, instance: "OperatorInstance") -> int:
-        if self.spec.merges:
-            return sum(len(v or ()) for _, v in instance.state.items())
-        return sum(len(keys) for keys in self._index(instance).values())
 
     # ------------------------------------------------------------ output frames
     def _frame(self, ukeys: list[NormalizedKey], starts: list[int], ends: list[int], accs: list[Any]) -> pd.DataFrame:

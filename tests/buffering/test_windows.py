@@ -11,8 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import buffering
-from buffering import Count, LocalRunner, Max, Sum, aggregate, cached_state, mini_batch
+from buffering import Count, LocalRunner, Sum, aggregate, cached_state, mini_batch
 from buffering.windows import Hopping, Session, Tumbling, WindowConfig
 
 from .helpers import Clock, plain

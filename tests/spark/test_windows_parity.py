@@ -198,3 +198,22 @@ def test_update_mode_gives_the_rows_of_sparks_update_mode(spark, tmp_path):
         got.sort_values(["k", "window_start", "n"]).reset_index(drop=True),
         expected.sort_values(["k", "window_start", "n"]).reset_index(drop=True),
     )
+
+
+def test_windows_under_executor_placement_give_sparks_rows(spark, tmp_path):
+    """placement="executor" (instances hosted in Spark's stateful operator, the default on a cluster)."""
+    from pyspark.sql import functions as F
+
+    frames, _ = inputs(15, 10 * SECOND)
+    source = write_batches(str(tmp_path / "in"), frames)
+    expected = spark_rows(spark, source, str(tmp_path / "spark-ck"), F.window("ts", "10 seconds"))
+    out: list = []
+    query = buffering.spark.run_stream(
+        stream_of(spark, source, SCHEMA),
+        buffering.aggregate({"n": Count(), "s": Sum("v")}, window=Tumbling("10 seconds")),
+        key="k", event_time="ts", watermark_delay_ms=20 * SECOND, checkpoint_location=str(tmp_path / "ck"),
+        sink=collect_sink(out), trigger={"availableNow": True}, parallelism=2, placement="executor",
+    )
+    query.awaitTermination()
+    assert query.runner.combine == "none"  # the hosted plan's combine is Python's: windows go as rows
+    pd.testing.assert_frame_equal(_rows(out), expected)

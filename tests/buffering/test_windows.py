@@ -286,6 +286,33 @@ def test_a_windows_state_is_restored_to_the_instance_that_owns_its_keys_key_grou
     assert held == len(windows) > 20
 
 
+def test_windows_of_a_two_column_string_key_survive_a_restore_at_another_parallelism(tmp_path):
+    frames = [f.assign(user=f["k"].map(lambda k: f"u{k % 3}"), k=f["k"].map(lambda k: f"t{k}")) for f in batches(9)]
+    closing = [f.assign(user="u", k=f["k"].astype(str)) for f in closing_batches()]
+    op = aggregate(AGGS, window=Tumbling("30s"))
+
+    def run_at(parallelism, parts, location):
+        runner = LocalRunner(op, key=["k", "user"], event_time="ts", watermark_delay_ms=20 * SECOND,
+                             parallelism=parallelism, checkpoint_location=location)
+        outs = [runner.process(f) for f in parts]
+        runner.close()
+        return outs
+
+    location = str(tmp_path / "ckpt")
+    outputs = run_at(2, frames[:3], location) + run_at(3, frames[3:] + closing, location)
+    got = {}
+    for out in outputs:
+        for row in out.to_dict("records"):
+            if row["user"] != "u":
+                key = (row["k"], row["user"], _ms(row["window_start"]))
+                assert key not in got
+                got[key] = (row["n"], row["s"])
+    df = pd.concat(frames, ignore_index=True)
+    start = df["ts"].astype("int64") // 1_000_000 // (30 * SECOND) * (30 * SECOND)
+    expected = df.assign(start=start).groupby(["k", "user", "start"])["v"].agg(["size", "sum"])
+    assert got == {key: (int(n), int(v)) for key, (n, v) in zip(expected.index, expected.to_numpy())}
+
+
 # ---------------------------------------------------------------- errors
 @pytest.mark.parametrize(
     "make, message",

@@ -38,6 +38,7 @@ from .decorators import (
 )
 from .local import LocalRunner
 from .operator import OperatorInstance
+from .windows import Hopping, Session, Tumbling
 
 __all__ = [
     "AggregateOperator",
@@ -47,6 +48,7 @@ __all__ = [
     "CollectSet",
     "Count",
     "First",
+    "Hopping",
     "Last",
     "LocalRunner",
     "Max",
@@ -57,7 +59,9 @@ __all__ = [
     "OperatorInstance",
     "OperatorSpec",
     "StateConfig",
+    "Session",
     "Sum",
+    "Tumbling",
     "aggregate",
     "aggregations",
     "cached_state",

@@ -126,6 +126,8 @@ class OperatorSpec:
     aggregations: Optional[Aggregations] = None
     #: A transformWithStateInPandas ``StatefulProcessor`` (then ``function`` is None).
     processor: Any = None
+    #: Set by ``aggregate(..., window=...)``: the windows (a :class:`buffering.windows.WindowConfig`).
+    window: Any = None
 
     def replace(self, **changes: Any) -> "OperatorSpec":
         return dataclasses.replace(self, **changes)
@@ -234,6 +236,11 @@ def cached_state(
 
     def decorate(fn: Any) -> Any:
         spec = spec_of(fn)
+        if ttl_ms is not None and spec.window is not None:
+            raise ValueError(
+                f"cached_state(ttl_ms={ttl_ms!r}) expires state by processing time; a windowed aggregate's "
+                "windows are deleted when the watermark closes them"
+            )
         if ttl_ms is not None and spec.processor is not None:
             raise ValueError(
                 f"cached_state(ttl_ms={ttl_ms!r}) expires a function's state; the processor "
@@ -264,22 +271,40 @@ class AggregateOperator:
     add its columns themselves, and refuse a different ``key``.
     """
 
-    def __init__(self, aggregations: Mapping[str, Aggregation], key_columns: Optional[Sequence[str]] = None) -> None:
+    def __init__(
+        self,
+        aggregations: Mapping[str, Aggregation],
+        key_columns: Optional[Sequence[str]] = None,
+        window: Any = None,
+    ) -> None:
         self.aggregations = Aggregations(dict(aggregations))
         self.key_columns = None if key_columns is None else tuple(key_columns)
+        #: A :class:`buffering.windows.WindowConfig` (None: one result per key, no windows).
+        self.window = window
         if self.key_columns is not None:
             clash = [c for c in self.key_columns if c in self.aggregations]
             if clash:
                 raise ValueError(f"aggregate(): key column(s) {clash} are also output columns of the aggregations")
+        if window is not None:
+            from .windows import check_window_columns
+
+            check_window_columns(self.key_columns or (), list(self.aggregations))
         self.__opbuffer__ = OperatorSpec(
             function=None,
             mini_batch=MiniBatchConfig(combine=dict(aggregations)),
             aggregations=self.aggregations,
+            window=window,
         )
 
     def __call__(self, key: tuple, rows: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
         """applyInPandasWithState form: state holds the accumulator (pickled in a one-field tuple)."""
         import pickle
+
+        if self.window is not None:
+            raise TypeError(
+                "a windowed aggregate(..., window=...) runs under opbuffer's runners (LocalRunner, run_stream); "
+                "under Spark's own applyInPandasWithState use groupBy(window(...), key).agg(...)"
+            )
 
         aggs = self.aggregations
         accumulator = pickle.loads(state.get[0]) if state.exists else aggs.empty()
@@ -307,19 +332,41 @@ def check_operator_key(fn: Any, key_columns: Sequence[str]) -> None:
 
 
 def aggregate(
-    aggregations: Mapping[str, Aggregation], *, key: Union[str, Sequence[str], None] = None
+    aggregations: Mapping[str, Aggregation],
+    *,
+    key: Union[str, Sequence[str], None] = None,
+    window: Any = None,
+    grace: Any = 0,
+    emit: str = "watermark",
 ) -> AggregateOperator:
     """A ready operator with no user function: ``{output_column: Aggregation}`` per key, fully vectorized.
 
     ``key`` (optional) names the key columns for Spark's own
     ``groupBy(key).applyInPandasWithState(operator, ...)``, so that its output
     has them before the outputs; the opbuffer runners add them anyway.
+
+    ``window`` (optional): :class:`~buffering.windows.Tumbling`,
+    :class:`~buffering.windows.Hopping` or :class:`~buffering.windows.Session`
+    over the runner's ``event_time=`` column: one result per key and window,
+    with ``window_start``/``window_end`` columns (UTC timestamps). A window
+    closes, and its state is deleted, when the watermark reaches its end +
+    ``grace`` (a duration: ms, Timedelta or "1 minute"); rows of closed
+    windows are late (dropped, counted). ``emit="watermark"`` emits each
+    window once, when it closes (Spark's append mode); ``emit="update"``
+    emits every window a batch changed with its running result.
     """
     if not isinstance(aggregations, Mapping) or not aggregations:
         raise TypeError(f"aggregate() needs a non-empty mapping {{output_column: Aggregation}}, got {aggregations!r}")
+    config = None
+    if window is not None:
+        from .windows import WindowConfig
+
+        config = WindowConfig.of(window, grace, emit)
+    elif grace != 0 or emit != "watermark":
+        raise ValueError(f"aggregate(grace={grace!r}, emit={emit!r}) is for windows: give window=...")
+    columns = None
     if key is not None:
         columns = [key] if isinstance(key, str) else list(key) if isinstance(key, (list, tuple)) else None
         if not columns or not all(isinstance(c, str) and c for c in columns):
             raise TypeError(f"aggregate(key=...) takes a column name or a list of them, got {key!r}")
-        return AggregateOperator(aggregations, columns)
-    return AggregateOperator(aggregations)
+    return AggregateOperator(aggregations, columns, window=config)

@@ -32,6 +32,7 @@ from .decorators import check_operator_key, spec_of
 from .processor import check_initial_state, processor_timeout
 from .frames import concat_frames
 from .operator import OperatorInstance
+from .windows import check_runner_settings
 from .protocol import (
     WATERMARK_FIELD,
     check_checkpoint_fits,
@@ -180,6 +181,7 @@ class LocalRunner:
         self.timeout_conf = timeout_conf(timeout)
         if self.timeout_conf == GroupStateTimeout.EventTimeTimeout and event_time is None:
             raise ValueError("timeout='event' needs event_time= (the column that drives the watermark)")
+        check_runner_settings(self.spec, event_time, self.timeout_conf)
         self.parallelism = parallelism
         self.max_parallelism = max_parallelism
         self.event_time = event_time
@@ -346,6 +348,7 @@ class LocalRunner:
         outputs: list[pd.DataFrame] = []
         max_event_time = self._max_event_time_ms
         dropped_late = 0
+        late_before = sum(instance.metrics.late_rows for instance in instances)  # windows' late rows
         if self.initial_state is not None and self._manifest is None:
             # Before the first committed version only (a retry of that batch applies it again).
             for i, part in self._parts(self.initial_state.reset_index(drop=True)):
@@ -359,6 +362,7 @@ class LocalRunner:
                 outputs.extend(instances[i].process(part, processing_time, watermark))
         for instance in instances:
             outputs.extend(instance.end_of_batch(processing_time, watermark))
+        dropped_late += sum(instance.metrics.late_rows for instance in instances) - late_before
         out = concat_frames(outputs)  # before the commit: a batch whose output fails commits nothing
         reports = [instance.checkpoint(version, self._manifest) for instance in instances]
         self._before_commit(version)

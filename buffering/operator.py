@@ -39,6 +39,7 @@ from .frames import FrameCollector
 from .protocol import call_function
 from .decorators import OperatorSpec
 from .processor import ProcessorRuntime
+from .windows import WindowRuntime, check_window_columns
 
 STATE_TABLE = "state"
 PENDING_TABLE = "pending"
@@ -61,7 +62,8 @@ class InstanceMetrics:
     timeouts: int = 0
     rows_out: int = 0
     checkpoint_bytes: int = 0
-    expired: int = 0  # keys whose state the TTL sweeps removed
+    expired: int = 0  # keys whose state the TTL sweeps removed (windows: windows closed)
+    late_rows: int = 0  # windowed aggregate: (row, window) pairs dropped because the window had closed
 
 
 class _WorkingFiles:
@@ -153,6 +155,7 @@ class OperatorInstance:
             fresh=fresh,
             manager=manager,
             state_schema=runner.state_schema,
+            event_time=runner.event_time,
         )
 
     def __init__(
@@ -171,8 +174,18 @@ class OperatorInstance:
         fresh: bool = True,
         manager: Optional[CacheManager] = None,
         state_schema: Optional[StateSchema] = None,
+        event_time: Optional[str] = None,
     ) -> None:
         self.spec = spec
+        # aggregate(..., window=...): the windows' runtime (assignment, late rows, closing); the buffer and,
+        # for tumbling/hopping windows, the state key by (key..., window start), key groups by the key alone.
+        self.windows: Optional[WindowRuntime] = None
+        if spec.window is not None:
+            if event_time is None:
+                raise ValueError("aggregate(window=...) needs the runner's event_time= (the column windows are over)")
+            assert spec.aggregations is not None
+            check_window_columns(key_columns, list(spec.aggregations))
+            self.windows = WindowRuntime(spec.window, spec.aggregations, key_columns, event_time)
         # Spark's stateStructType: what a stored state reads back as (None: the value as given).
         self._state_schema = state_schema
         self._key_types = key_types
@@ -188,8 +201,9 @@ class OperatorInstance:
         config = spec.state
         self.ttl_ms: Optional[int] = config.ttl_ms
         # aggregate() accumulators kept as columns (None: as objects, for aggregations without a column form)
+        # (windowed aggregates keep objects: their flush and closing are the windows' runtime's)
         self.columnar: Optional[ColumnarLayout] = (
-            ColumnarLayout.of(spec.aggregations) if spec.aggregations is not None else None
+            ColumnarLayout.of(spec.aggregations) if spec.aggregations is not None and self.windows is None else None
         )
         mini = spec.mini_batch
         # Without a trigger every batch's partials are merged at its end: a SQL-combined batch can skip the buffer.
@@ -218,7 +232,7 @@ class OperatorInstance:
         # (the checkpoint reads key-group ranges from it); "memory" then means an
         # unbounded cache in front of it, so all state stays in memory. A processor's
         # tables are always in RocksDB (its map and list entries are read by key range).
-        if config.store == "rocksdb" or storage is not None or self.processor is not None:
+        if config.store == "rocksdb" or storage is not None or self.processor is not None or self.windows is not None:
             if workdir is None:
                 base = config.path
                 if base is None:
@@ -266,7 +280,12 @@ class OperatorInstance:
         # batch after them (one multi-get and write batch instead of one per call; for the in-memory
         # index over a RocksDB table measured 2.9-3.4 us per key batched vs 5.9-6.6 us one by one).
         self._expiry_changes: dict[NormalizedKey, Optional[int]] = {}
-        self.buffer = MiniBatchBuffer(self.key_columns, spec.mini_batch, key_types)
+        if self.windows is not None:
+            self.buffer = MiniBatchBuffer(
+                self.windows.buffer_key_columns, spec.mini_batch, None if key_types is None else (*key_types, "long")
+            )
+        else:
+            self.buffer = MiniBatchBuffer(self.key_columns, spec.mini_batch, key_types)
         # Columns of the frames handed to the function (the empty frame of a timeout has them).
         self._value_columns: list[str] = list(self.key_columns)
         self._pending_keys: set[NormalizedKey] = set()
@@ -310,18 +329,28 @@ class OperatorInstance:
 
     def _open_working_store(self) -> RocksDBStore:
         assert self.workdir is not None
+        windows = self.windows
         root = RocksDBStore(
             self.workdir,
             max_parallelism=self.max_parallelism,
             key_types=self._key_types,
             table=STATE_TABLE,
             serializer=PackedSerializer() if self.columnar is not None else None,
+            group_columns=windows.state_group_columns if windows is not None else None,
         )
         if TTL_TABLE not in self._side_tables and TTL_TABLE in root.tables():
             # An adopted store restored from a checkpoint with expiries (see restore()): its tables
             # belong to every version this instance writes.
             self._side_tables.extend(TTL_TABLES)
-        tables = {STATE_TABLE: root, **{name: root.table(name) for name in self._side_tables}}
+        # Windows: pending partials are keyed by (key..., window start); their key group is the key's.
+        pending_groups = len(self.key_columns) if windows is not None else None
+        tables = {
+            STATE_TABLE: root,
+            **{
+                name: root.table(name, group_columns=pending_groups if name == PENDING_TABLE else None)
+                for name in self._side_tables
+            },
+        }
         if self.processor is not None:
             tables.update(self.processor.bind(root))
         self.tables.update(tables)
@@ -389,6 +418,8 @@ class OperatorInstance:
 
     def _reload_from_tables(self) -> None:
         self.timers.reload()
+        if self.windows is not None:
+            self.windows.reload()
         if self.processor is not None:
             self.processor.reload()
         if self.ttl is not None:
@@ -449,8 +480,11 @@ class OperatorInstance:
     def process(self, frame: pd.DataFrame, processing_time_ms: int, watermark_ms: int) -> list[pd.DataFrame]:
         """Buffer ``frame``; flush whenever a trigger fires; return the outputs."""
         outputs: list[pd.DataFrame] = []
+        self.metrics.rows_in += len(frame)
+        if self.windows is not None and len(frame):
+            frame, late = self.windows.assign(frame, watermark_ms)  # (row, window) pairs of open windows
+            self.metrics.late_rows += late
         n = len(frame)
-        self.metrics.rows_in += n
         start = 0
         row_bytes = 0.0
         config = self.spec.mini_batch
@@ -479,6 +513,9 @@ class OperatorInstance:
         stands for many rows and cannot be split.
         """
         self.metrics.rows_in += sum(rows)
+        if self.windows is not None:  # combined per (key..., window start): closed windows' are late
+            nkeys, accumulators, rows, late = self.windows.drop_late_accumulators(nkeys, accumulators, rows, watermark_ms)
+            self.metrics.late_rows += late
         self.buffer.add_accumulators(nkeys, accumulators, rows, processing_time_ms)
         config = self.spec.mini_batch
         triggered = config is not None and (config.max_rows is not None or config.max_bytes is not None)
@@ -491,7 +528,12 @@ class OperatorInstance:
         outputs: list[pd.DataFrame] = []
         if self.buffer.should_flush(processing_time_ms):
             outputs.extend(self.flush(processing_time_ms, watermark_ms))
-        outputs.extend(self.fire_timers(processing_time_ms, watermark_ms))
+        if self.windows is not None:
+            if len(self.buffer):  # a closing window's pending partials join it first
+                outputs.extend(self.flush(processing_time_ms, watermark_ms))
+            outputs.extend(self.windows.close(self, watermark_ms))
+        else:
+            outputs.extend(self.fire_timers(processing_time_ms, watermark_ms))
         if self.ttl is not None:
             self.sweep_expired(processing_time_ms)
         if self.processor is not None:
@@ -531,6 +573,8 @@ class OperatorInstance:
     def flush(self, processing_time_ms: int, watermark_ms: int) -> list[pd.DataFrame]:
         """Hand every buffered key to the function (or fold its partials into the accumulators)."""
         self.metrics.flushes += 1
+        if self.windows is not None:
+            return self.windows.flush(self)
         if self.spec.aggregations is not None:
             return self._flush_aggregate(processing_time_ms)
         keys, frames = self.buffer.drain_keyed()  # each key's frame is made as its call comes
@@ -766,6 +810,9 @@ class OperatorInstance:
         }
         if self.ttl is not None or self.processor is not None:
             out["expired"] = self.metrics.expired  # entries the TTL sweeps removed since the instance started
+        if self.windows is not None:
+            out["late_rows"] = self.metrics.late_rows  # (row, window) pairs of closed windows, dropped
+            out["closed_windows"] = self.metrics.expired
         if self.cache is not None:
             out["cache"] = self.cache.stats()
         if self.processor is not None:

@@ -94,6 +94,12 @@ def aggregate_output_schema(spec: OperatorSpec, input_schema: Any, key_columns: 
         if agg.column is not None and agg.column in fields:
             input_types[agg.column] = to_arrow_type(fields[agg.column].dataType)
     out = [StructField(c, fields[c].dataType, True) for c in key_columns]
+    if spec.window is not None:
+        from pyspark.sql.types import TimestampType
+
+        from ..windows import WINDOW_END, WINDOW_START
+
+        out += [StructField(WINDOW_START, TimestampType(), True), StructField(WINDOW_END, TimestampType(), True)]
     for name, type_name in aggs.output_types(input_types).items():
         out.append(StructField(name, from_arrow_type(arrow_type(type_name)), True))
     return StructType(out)

@@ -34,6 +34,7 @@ from ..local import key_groups_of
 from ..operator import OperatorInstance
 from .. import protocol
 from ..protocol import event_time_ms
+from ..windows import WINDOW_START
 from . import _workers
 from ._sql_combine import SqlPartial
 from ._sql_combine import accumulators as sql_accumulators
@@ -262,6 +263,8 @@ def _storage(plan: TaskPlan) -> CheckpointStorage:
 def _counters(instance: OperatorInstance) -> dict[str, float]:
     stats = instance.stats()
     out = {name: float(stats[name]) for name in ("rows_in", "flushes", "calls", "timeouts", "rows_out")}
+    if "late_rows" in stats:  # a windowed aggregate's rows of closed windows
+        out["late_rows"] = float(stats["late_rows"])
     caches = [cache.stats() for cache in instance.caches]  # the state's, or each processor variable's
     if caches:
         for name in ("hits", "misses", "evictions", "syncs", "writes"):
@@ -354,7 +357,8 @@ def _run_task(
             if plan.combine != "none":
                 if plan.event_time is not None and len(part):
                     max_event = max(max_event, int(part[EVENT_TIME_COLUMN].max()))
-                nkeys = _normalized_keys(part, plan.key_columns)
+                # windowed aggregate: combined per (key..., window start) (see StreamRunner.plan_batch)
+                nkeys = _normalized_keys(part, plan.key_columns + ([WINDOW_START] if plan.spec.window is not None else []))
                 rows = part[ROWS_COLUMN].tolist()
                 direct = None
                 if plan.combine == "sql" and instance.merges_columns:

@@ -424,6 +424,11 @@ def run_batch(
     spec = spec_of(fn)
     if spec.function is None and spec.aggregations is None and spec.processor is None:
         raise TypeError(f"run_batch: {fn!r} has nothing to run")
+    if spec.window is not None:
+        raise ValueError(
+            f"run_batch: aggregate(window={spec.window.spec!r}) closes windows by a streaming watermark; run it with "
+            "run_stream, or group a batch DataFrame by window(...) in Spark SQL"
+        )
     timeout = processor_timeout(spec, timeout, time_mode, None)
     key_columns = key_list(key)
     check_operator_key(fn, key_columns)

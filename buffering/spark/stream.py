@@ -41,6 +41,7 @@ from state.keygroups import DEFAULT_MAX_PARALLELISM, check_max_parallelism
 from ..decorators import check_operator_key, spec_of
 from ..processor import check_initial_state, processor_timeout
 from ..protocol import WATERMARK_FIELD, check_checkpoint_fits, commit_metadata, late_rows_watermark, watermark_for
+from ..windows import WINDOW_START, check_runner_settings
 from . import _task
 from ._sql_combine import sql_exprs, sql_partials
 from ._plan import is_connect, key_list, key_types_of, nullable, operator_index_sql, output_schema_for
@@ -212,6 +213,8 @@ class StreamRunner:
             raise ValueError(f"watermark_delay_ms must be an int >= 0, got {watermark_delay_ms!r}")
         self.event_time = event_time
         self.watermark_delay_ms = watermark_delay_ms
+        check_runner_settings(self.spec, event_time, self.timeout_conf)
+        combine_asked = combine_before_shuffle
         mapping_combiner = self.spec.mini_batch is not None and self.spec.mini_batch.aggregations is not None
         if combine_before_shuffle is None:
             combine_before_shuffle = mapping_combiner
@@ -229,6 +232,15 @@ class StreamRunner:
             assert self.spec.mini_batch is not None and self.spec.mini_batch.aggregations is not None
             self.sql_partials = sql_partials(self.spec.mini_batch.aggregations, input_schema)
         self.combine = "none" if not self.combine_before_shuffle else ("sql" if self.sql_partials is not None else "python")
+        if self.spec.window is not None and self.combine == "python":
+            # Windows are combined per (key, window start) by Spark SQL only; without a SQL twin for
+            # every aggregation, the rows go to the instances as they are (they assign the windows).
+            if combine_asked:
+                raise ValueError(
+                    "combine_before_shuffle=True: a windowed aggregate combines before the shuffle in Spark SQL only, "
+                    f"and {list(self.spec.aggregations or ())} have no exact SQL twin here (placement={self.placement!r})"
+                )
+            self.combine_before_shuffle, self.combine = False, "none"
         self._event_time_type = (
             next(f.dataType.typeName() for f in input_schema.fields if f.name == event_time) if event_time else None
         )
@@ -272,7 +284,10 @@ class StreamRunner:
 
             self._task_sink = self.sink
             self.plan = dataclasses.replace(
-                self.plan, sink_dir=self.sink.local_dir(), sink_schema=to_arrow_schema(nullable(self.output_schema))
+                self.plan,
+                sink_dir=self.sink.local_dir(),
+                # timezone: a timestamp column (e.g. a window's start) is an instant, written as UTC
+                sink_schema=to_arrow_schema(nullable(self.output_schema), timezone="UTC"),
             )
         self._combined_schema = self._combined(input_schema) if self.combine_before_shuffle else None
 
@@ -403,10 +418,13 @@ class StreamRunner:
         if self.combine == "sql":
             assert self.spec.mini_batch is not None and self.spec.mini_batch.aggregations is not None
             event = F.min(F.lit(NO_TIMESTAMP).cast("long"))
+            by = list(self.key_columns)
             if self.event_time is not None:
                 column = F.col(self.event_time)
                 event = F.max(F.unix_millis(column) if self._event_time_type.startswith("timestamp") else column.cast("long"))
-            frame = frame.groupBy(*self.key_columns).agg(
+            if self.spec.window is not None:
+                frame, by = self._with_window_start(frame), [*by, WINDOW_START]
+            frame = frame.groupBy(*by).agg(
                 F.count(F.lit(1)).alias(ROWS_COLUMN),
                 *sql_exprs(self.spec.mini_batch.aggregations, self.sql_partials or []),
                 event.alias(EVENT_TIME_COLUMN),
@@ -418,6 +436,22 @@ class StreamRunner:
         )
         frame = frame.repartitionById(self.parallelism, OPERATOR_COLUMN)
         return frame.mapInPandas(functools.partial(_task.run_task, self.plan, context), self._internal_schema)
+
+    def _with_window_start(self, frame: Any) -> Any:
+        """A windowed aggregate's (row, window) pairs with their WINDOW_START (epoch ms), computed by Spark.
+
+        Rows without an event time belong to no window, as with Spark's ``window()``; the
+        late pairs are dropped (and counted) by the instances, which see the start.
+        """
+        from pyspark.sql import functions as F
+
+        assert self.event_time is not None and self.spec.window is not None
+        name = self.event_time.replace("`", "``")
+        ts_ms = f"unix_millis(`{name}`)" if self._event_time_type.startswith("timestamp") else f"cast(`{name}` as long)"
+        window = self.spec.window.spec
+        frame = frame.where(F.col(self.event_time).isNotNull())
+        start = F.expr(window.start_sql(ts_ms))
+        return frame.withColumn(WINDOW_START, F.explode(start) if window.windows_per_row_sql else start)
 
     def __call__(self, batch_df: Any, batch_id: int) -> None:
         from pyspark import StorageLevel
@@ -521,7 +555,7 @@ class StreamRunner:
         m.watermark_ms = context.watermark_ms
         m.tasks = len(summaries)
         for s in summaries:
-            m.dropped_late_rows += s.dropped_late_rows
+            m.dropped_late_rows += s.dropped_late_rows + int(sum(i.metrics.get("late_rows", 0) for i in s.instances))
             m.task_seconds_max = max(m.task_seconds_max, s.seconds)
             m.task_seconds_sum += s.seconds
             for i in s.instances:

@@ -368,6 +368,32 @@ class WriteBackCache(Store):
         for nkey in checked:
             self.delete(nkey)
 
+    def delete_uncached(self, keys: Iterable[Any]) -> None:
+        """Delete keys that will not be read again, keeping no entry for them in the cache.
+
+        :meth:`delete` caches each key's absence (a later read needs no lookup);
+        keys that never come back (a closed window's) would fill the cache with
+        such entries and push live ones out. Here each key leaves the cache and
+        its delete goes towards the backend as an evicted entry's write does (in
+        the write buffer until the next flush; a read meanwhile sees it gone).
+        Every key is validated before anything is deleted.
+        """
+        checked = [normalize_key(k) for k in keys]
+        if self._closed:
+            raise StoreClosedError(f"cache {self.cache_name!r} is closed")
+        table, dirty, remove = self._table, self._dirty, self._policy.remove
+        self._last = _NOT_CACHED  # the key of the last get may be one of them
+        for nkey in checked:
+            if nkey in table:
+                remove(nkey)
+            dirty.pop(nkey, None)
+        if self._buffered:  # one write of the tombstones (the buffer's batch size bounds pending, not this)
+            self._pending.update(dict.fromkeys(checked))
+            self._write_out()
+        else:
+            self._backend._write([(nkey, MISSING) for nkey in checked])
+            self._writes += len(checked)
+
     def _after_update(self, nkey: NormalizedKey, value: Any) -> None:
         """After a put on a cached key: sample its (possibly grown) size when due, then the watermarks."""
         if self._watermarks:

@@ -717,3 +717,23 @@ def test_a_byte_bound_set_by_resize_is_checked_after_every_put():
     for i in range(200):
         cache.put(i, "x" * 100)
         assert cache.estimated_bytes() <= 2_000 + cache.stats()["entry_bytes"]
+
+
+# ------------------------------------------------------------------ deletes of keys never read again
+@pytest.mark.parametrize("backend_kind", ["memory", "rocksdb"])
+def test_delete_uncached_removes_the_keys_from_cache_and_backend_and_keeps_no_entry(tmp_path, backend_kind):
+    backend = MemoryStore() if backend_kind == "memory" else RocksDBStore(tmp_path / "db")
+    cache = WriteBackCache(backend, max_entries=100)
+    try:
+        cache.put_many((k, k) for k in range(10))
+        cache.flush()
+        cache.put(3, "dirty")  # a dirty entry deleted before it was written
+        cache.put(20, "new")  # and one the backend never had
+        cache.delete_uncached([1, 3, 20, 99])  # 99: in neither
+        assert len(cache) == 8  # 0, 2, 4..9 remain cached; none of the deleted keys is
+        assert cache.get_many([1, 3, 20, 99]) == [None] * 4  # read back before a flush: gone
+        cache.flush()
+        assert [backend.get(k) for k in (1, 3, 20)] == [None, None, None]
+        assert backend.get(2) == 2
+    finally:
+        cache.close()

@@ -443,7 +443,7 @@ class LocalRunner:
         for instance in self.instances:
             value = instance.state.get(nkey)
             if value is not None:
-                return packed(value) if instance.columnar is not None else value
+                return packed(value)  # an aggregate's packed accumulators as a mapping; anything else as is
         return None
 
     def stats(self) -> dict[str, Any]:

@@ -201,13 +201,20 @@ class OperatorInstance:
         config = spec.state
         self.ttl_ms: Optional[int] = config.ttl_ms
         # aggregate() accumulators kept as columns (None: as objects, for aggregations without a column form)
-        # (windowed aggregates keep objects: their flush and closing are the windows' runtime's)
-        self.columnar: Optional[ColumnarLayout] = (
-            ColumnarLayout.of(spec.aggregations) if spec.aggregations is not None and self.windows is None else None
+        # Tumbling and hopping windows keep columns too, through the windows' runtime (their flush and
+        # closing are its own); a session's state is its list of sessions, kept as objects.
+        layout = (
+            ColumnarLayout.of(spec.aggregations)
+            if spec.aggregations is not None and (self.windows is None or not self.windows.spec.merges)
+            else None
         )
+        self.columnar: Optional[ColumnarLayout] = layout if self.windows is None else None
+        if self.windows is not None:
+            self.windows.layout = layout
+        self._packed_state = layout is not None
         mini = spec.mini_batch
         # Without a trigger every batch's partials are merged at its end: a SQL-combined batch can skip the buffer.
-        self._merge_directly = self.columnar is not None and (
+        self._merge_directly = layout is not None and (
             mini is None or (mini.max_rows is None and mini.max_bytes is None and mini.max_delay_ms is None)
         )
         # The side tables besides the state; the TTL tables only when this operator expires state, so
@@ -335,7 +342,7 @@ class OperatorInstance:
             max_parallelism=self.max_parallelism,
             key_types=self._key_types,
             table=STATE_TABLE,
-            serializer=PackedSerializer() if self.columnar is not None else None,
+            serializer=PackedSerializer() if self._packed_state else None,
             group_columns=windows.state_group_columns if windows is not None else None,
         )
         if TTL_TABLE not in self._side_tables and TTL_TABLE in root.tables():
@@ -660,20 +667,25 @@ class OperatorInstance:
         partials: dict[str, Any],
         rows: list[int],
         processing_time_ms: int,
+        watermark_ms: int = NO_TIMESTAMP,
     ) -> Optional[list[pd.DataFrame]]:
         """Merge partials combined before the shuffle, one row per key, given as columns; None when this
         operator buffers them instead (it has a trigger: use :meth:`process_accumulators`).
 
         ``partials``: per output, the partials of the rows (ints for counts,
-        DataSketches sketch bytes for ``ApproxDistinct``).
+        DataSketches sketch bytes for ``ApproxDistinct``, ``(values, non-null
+        counts)`` for sums, means and picks). A windowed aggregate's keys end
+        with the window start; rows of closed windows are dropped and counted.
         """
         if not self.merges_columns:
             return None
-        assert self.columnar is not None
         self.metrics.rows_in += sum(rows)
         if not nkeys:
             return []
         self.metrics.flushes += 1
+        if self.windows is not None:
+            return self.windows.merge_columns(self, nkeys, partials, rows, watermark_ms)
+        assert self.columnar is not None
         return [self._merge_columns(nkeys, self.columnar.from_columns(partials), processing_time_ms, key_frame)]
 
     def _processor_at(self, processing_time_ms: int, watermark_ms: int) -> ProcessorRuntime:
@@ -789,7 +801,7 @@ class OperatorInstance:
     # ------------------------------------------------------------ inspection
     def state_items(self) -> dict[tuple, Any]:
         """Every key's state (for tests and debugging); an aggregate's accumulators as mappings."""
-        if self.columnar is not None:
+        if self._packed_state:
             return {key: packed(value) for key, value in self.state.items()}
         return dict(self.state.items())
 

@@ -41,6 +41,7 @@ from state.keys import NormalizedKey, denormalize_key, key_columns, normalize_ke
 from .protocol import event_time_ms
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .aggregations.columnar import ColumnarLayout
     from .aggregations import Aggregations
     from .operator import OperatorInstance
 
@@ -271,6 +272,9 @@ class WindowRuntime:
         #: says which windows have state: a new window's accumulator is not looked up in the store.
         self._open: Optional[dict[int, set[NormalizedKey]]] = None
         self._heap: list[int] = []
+        #: Tumbling/hopping windows of aggregations with a column form: accumulators merged as columns
+        #: (set by the operator, which stores them packed).
+        self.layout: Optional["ColumnarLayout"] = None
 
     @property
     def buffer_key_columns(self) -> list[str]:
@@ -334,6 +338,8 @@ class WindowRuntime:
         instance.metrics.calls += len(keys)
         if self.spec.merges:
             return self._flush_sessions(instance, keys, partials)
+        if self.layout is not None:
+            return self._merge_fixed(instance, keys, self.layout.from_accumulators(partials))
         state = instance.state
         index = self._index(instance)
         empty: frozenset = frozenset()
@@ -344,21 +350,71 @@ class WindowRuntime:
             for i, stored in zip(held, state.get_many([keys[i] for i in held])):
                 if stored is not None:
                     merged[i] = merge(stored, merged[i])
-        if len(held) < len(keys):
-            is_held = np.zeros(len(keys), dtype=bool)
-            is_held[held] = True
-            for i in np.flatnonzero(~is_held).tolist():
-                nkey = keys[i]
-                start = nkey[-1]
-                bucket = index.get(start)
-                if bucket is None:
-                    bucket = index[start] = set()
-                    heapq.heappush(self._heap, start)
-                bucket.add(nkey)
+        self._open_new(keys, held)
         state.put_many(zip(keys, merged))
         if self.config.emit != "update":
             return []
         return [self._fixed_frame(keys, merged, instance)]
+
+    def _open_new(self, keys: list[NormalizedKey], held: list[int]) -> None:
+        """Record the windows of ``keys`` not in ``held`` (their positions) as open."""
+        if len(held) == len(keys):
+            return
+        index = self._open
+        assert index is not None
+        is_held = np.zeros(len(keys), dtype=bool)
+        is_held[held] = True
+        for i in np.flatnonzero(~is_held).tolist():
+            nkey = keys[i]
+            start = nkey[-1]
+            bucket = index.get(start)
+            if bucket is None:
+                bucket = index[start] = set()
+                heapq.heappush(self._heap, start)
+            bucket.add(nkey)
+
+    def _merge_fixed(self, instance: "OperatorInstance", keys: list[NormalizedKey], incoming: list[Any]) -> list[pd.DataFrame]:
+        """Merge a block of partials (one row per ``(key..., window start)``) into the windows' state as columns."""
+        layout = self.layout
+        assert layout is not None
+        index = self._index(instance)
+        empty: frozenset = frozenset()
+        held = [i for i, nkey in enumerate(keys) if nkey in index.get(nkey[-1], empty)]
+        stored: list[Any] = [None] * len(keys)
+        if held:
+            for i, value in zip(held, instance.state.get_many([keys[i] for i in held])):
+                stored[i] = value
+        block = layout.merge(layout.decode(stored), incoming)
+        self._open_new(keys, held)
+        instance.state.put_many(zip(keys, layout.encode(block)))
+        if self.config.emit != "update":
+            return []
+        return [self._fixed_frame(keys, None, instance, layout.results(block))]
+
+    def merge_columns(
+        self,
+        instance: "OperatorInstance",
+        nkeys: list[NormalizedKey],
+        partials: dict[str, Any],
+        rows: list[int],
+        watermark_ms: int,
+    ) -> list[pd.DataFrame]:
+        """Partials combined before the shuffle per ``(key..., window start)``, as columns: closed windows'
+        rows dropped and counted, the others merged into the windows' state."""
+        assert self.layout is not None
+        instance.metrics.calls += len(nkeys)
+        if watermark_ms != NO_TIMESTAMP:
+            starts = np.fromiter((k[-1] for k in nkeys), dtype=np.int64, count=len(nkeys))
+            late = self._late(starts, watermark_ms)
+            if late.any():
+                keep = np.flatnonzero(~late)
+                instance.metrics.late_rows += int(np.asarray(rows, dtype=np.int64)[late].sum())
+                positions = keep.tolist()
+                nkeys = [nkeys[i] for i in positions]
+                partials = {name: _take(column, keep) for name, column in partials.items()}
+                if not nkeys:
+                    return []
+        return self._merge_fixed(instance, nkeys, self.layout.from_columns(partials))
 
     def _flush_sessions(
         self, instance: "OperatorInstance", keys: list[NormalizedKey], partials: list[Any]
@@ -415,7 +471,10 @@ class WindowRuntime:
             present = [i for i, v in enumerate(values) if v is not None]
             if len(present) != len(keys):
                 keys, values = [keys[i] for i in present], [values[i] for i in present]
-            out.append(self._fixed_frame(keys, values, instance))
+            if self.layout is not None:
+                out.append(self._fixed_frame(keys, None, instance, self.layout.results(self.layout.decode(values))))
+            else:
+                out.append(self._fixed_frame(keys, values, instance))
         _delete_closed(instance, keys)
         instance.metrics.expired += len(keys)
         return out
@@ -464,7 +523,16 @@ class WindowRuntime:
         self._heap = []
 
     # ------------------------------------------------------------ output frames
-    def _frame(self, ukeys: list[NormalizedKey], starts: list[int], ends: list[int], accs: list[Any]) -> pd.DataFrame:
+    def _frame(
+        self,
+        ukeys: list[NormalizedKey],
+        starts: Any,
+        ends: Any,
+        accs: Optional[list[Any]],
+        results: Optional[dict[str, Any]] = None,
+    ) -> pd.DataFrame:
+        """Output rows: the key columns, window start and end, then each output (from ``accs``, the
+        accumulators, or ``results``, the outputs' columns)."""
         data: dict[str, Any] = {}
         if len(self.key_columns) == 1 and all(type(k) is not tuple for k in ukeys):
             data[self.key_columns[0]] = ukeys
@@ -474,14 +542,24 @@ class WindowRuntime:
                 data[name] = [row[i] for row in rows]
         data[WINDOW_START] = timestamps(starts)
         data[WINDOW_END] = timestamps(ends)
-        for name, agg in self.aggs.items():
-            result = agg.result
-            column = np.empty(len(accs), dtype=object)
-            column[:] = [result(acc[name] if name in acc else agg.empty()) for acc in accs]
-            data[name] = column
+        if results is not None:
+            data.update(results)
+        else:
+            assert accs is not None
+            for name, agg in self.aggs.items():
+                result = agg.result
+                column = np.empty(len(accs), dtype=object)
+                column[:] = [result(acc[name] if name in acc else agg.empty()) for acc in accs]
+                data[name] = column
         return pd.DataFrame(data, columns=[*self.key_columns, WINDOW_START, WINDOW_END, *self.aggs])
 
-    def _fixed_frame(self, keys: list[NormalizedKey], accs: list[Any], instance: "OperatorInstance") -> pd.DataFrame:
+    def _fixed_frame(
+        self,
+        keys: list[NormalizedKey],
+        accs: Optional[list[Any]],
+        instance: "OperatorInstance",
+        results: Optional[dict[str, Any]] = None,
+    ) -> pd.DataFrame:
         starts = np.fromiter((k[-1] for k in keys), dtype=np.int64, count=len(keys))  # (key..., start) tuples
         instance.metrics.rows_out += len(keys)
         if len(self.key_columns) == 1:
@@ -490,13 +568,22 @@ class WindowRuntime:
                 users = [(u,) for u in users]
         else:
             users = [k[:-1] for k in keys]
-        return self._frame(users, starts, starts + self.spec.length_ms, accs)
+        return self._frame(users, starts, starts + self.spec.length_ms, accs, results)
 
     def _session_frame(self, sessions: list[tuple[NormalizedKey, list[Any]]], instance: "OperatorInstance") -> pd.DataFrame:
         instance.metrics.rows_out += len(sessions)
         return self._frame(
             [u for u, _ in sessions], [w[0] for _, w in sessions], [w[1] for _, w in sessions], [w[2] for _, w in sessions]
         )
+
+
+def _take(column: Any, keep: np.ndarray) -> Any:
+    """Rows ``keep`` of a partials column (an array, a list, or a tuple of them)."""
+    if isinstance(column, tuple):
+        return tuple(_take(c, keep) for c in column)
+    if isinstance(column, np.ndarray):
+        return column[keep]
+    return [column[i] for i in keep.tolist()]
 
 
 def _delete_closed(instance: "OperatorInstance", keys: list[NormalizedKey]) -> None:

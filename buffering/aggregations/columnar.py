@@ -120,6 +120,16 @@ class PackedAccumulator(bytes):
             return name in self.layout.names
         return bytes.__contains__(self, name)  # type: ignore[arg-type]
 
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Mapping):  # the same partials as a dict of the object path
+            return self.as_dict() == dict(other)
+        return bytes.__eq__(self, other)  # type: ignore[arg-type]
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = bytes.__hash__
+
     def __repr__(self) -> str:
         return f"PackedAccumulator({self.as_dict()!r})"
 

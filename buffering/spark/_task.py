@@ -363,7 +363,7 @@ def _run_task(
                 direct = None
                 if plan.combine == "sql" and instance.merges_columns:
                     columns = sql_columns(part, list(plan.sql_partials))
-                    direct = instance.process_columns(nkeys, part[plan.key_columns], columns, rows, now)
+                    direct = instance.process_columns(nkeys, part[plan.key_columns], columns, rows, now, watermark)
                 if direct is not None:
                     out = direct
                 else:

@@ -252,3 +252,10 @@ def test_a_mean_of_no_values_is_none_and_its_partial_is_the_identity():
 
 def test_outputs_named_with_separators_keep_their_accumulators_as_objects():
     assert ColumnarLayout.of({"a:b": Count()}) is None
+
+
+def test_a_packed_accumulator_equals_the_dict_of_its_partials():
+    lay = ColumnarLayout.of({"n": Count(), "top": Max("v")})
+    (value,) = lay.encode(lay.from_accumulators([{"n": 2, "top": 7}]))
+    assert PackedAccumulator(value) == {"n": 2, "top": 7}
+    assert PackedAccumulator(value) != {"n": 3, "top": 7}

@@ -232,24 +232,37 @@ class CheckpointWriter:
         if not groups:
             return TaskReport(file=None, seconds=time.perf_counter() - started, **report_args)
 
-        # One multi-get per table for every changed key (deltas), before anything is written.
-        current: dict[str, dict[bytes, bytes | None]] = {}
-        if not full:
-            for name in names:
-                keys = [k for g in groups for k in changed[g].get(name, ())]
-                if keys:
-                    current[name] = dict(zip(keys, tables[name].get_raw_many(keys)))
-
-        def gets_delta(g: int) -> bool:
-            """Whether ``g`` gets a DELTA section (else a snapshot: compaction, or no chain yet)."""
+        def may_get_delta(g: int) -> bool:
+            """Whether ``g`` may get a DELTA section, judged without its values (their sizes only add)."""
             chain = previous.chain(g) if previous is not None else ()
             if full or not chain or len(chain) >= self.max_chain:
                 return False
+            least = encoded_section_size(
+                (name, encoded_records_size(keys, ())) for name in names if (keys := changed[g].get(name))
+            )
+            return sum(r.bytes for r in chain[1:]) + least <= self.max_delta_ratio * chain[0].bytes
+
+        # One multi-get per table for the changed keys of the key groups that may get a delta, before
+        # anything is written (a key group bound to be compacted is read by its snapshot instead).
+        candidates = [g for g in groups if may_get_delta(g)]
+        current: dict[str, dict[bytes, bytes | None]] = {}
+        for name in names:
+            keys = [k for g in candidates for k in changed[g].get(name, ())]
+            if keys:
+                current[name] = dict(zip(keys, tables[name].get_raw_many(keys)))
+
+        def gets_delta(g: int) -> bool:
+            """Whether ``g`` gets a DELTA section (else a snapshot: compaction, or no chain yet)."""
+            if g not in delta_candidates:
+                return False
+            chain = previous.chain(g) if previous is not None else ()
             size = encoded_section_size(
                 (name, encoded_records_size(keys, map(current[name].__getitem__, keys)))
                 for name in names if (keys := changed[g].get(name))
             )
             return sum(r.bytes for r in chain[1:]) + size <= self.max_delta_ratio * chain[0].bytes
+
+        delta_candidates = set(candidates)
 
         def delta_section(g: int) -> bytes:
             blocks = []

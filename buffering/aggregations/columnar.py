@@ -400,8 +400,8 @@ class HllField:
                 union.update(ds.hll_sketch.deserialize(bytes(blobs[row])))
                 image = union.get_result(ds.tgt_hll_type.HLL_8).serialize_updatable()
                 registers[i] = np.frombuffer(image, dtype=np.uint8, count=self.k, offset=40)
-        column = HllColumn(n, owners, coupons, dense_rows, registers)
-        return self.merge(column, self.empty(n)) if len(owners) else column
+        # A sketch's coupons are distinct and within DataSketches' limit: nothing to merge or promote.
+        return HllColumn(n, owners, coupons, dense_rows, registers)
 
     def from_partials(self, partials: Sequence[Any]) -> HllColumn:
         return self.from_sketch_bytes([p.sketch.serialize_compact() for p in partials])

@@ -49,10 +49,10 @@ time(x) (how many times faster than (a)), ``vs floor`` = time(x) / time(d).
 
 Correctness, per cardinality: the last output row per tweet of (a), (b), (c)
 and (e) have the same tweets and equal view counts (also equal to a pandas
-count of the input); the HLL estimates are within 5 % of each other (against
-(e) also when within 2 viewers: Spark's HyperLogLog++ has no sparse mode, so
-a few viewers sharing a register count once), and their error against the
-exact distinct count is reported. A mismatch is printed loudly
+count of the input); the HLL estimates of (a), (b) and (c) (all DataSketches, the same hash)
+are within 5 % of each other; (e)'s (HyperLogLog++, another hash, no sparse
+mode) are within 5 standard errors (8.1 %) or 2 viewers of the exact distinct
+count; every variant's error against the exact count is reported. A mismatch is printed loudly
 and recorded in the JSON.
 
 Targets: (c) >= 40x faster than (a) and >= 3x faster than (e) at 100k tweets;
@@ -122,7 +122,8 @@ TARGET_C_VS_E = 3.0  # at the largest cardinality (100k)
 #: approx_count_distinct's relative SD for HyperLogLog++ with 2**12 registers (precision
 #: p = ceil(2 * log2(1.106 / rsd)) = 12), the register count of ApproxDistinct(lg_k=12)
 SPARK_RSD = 0.0173
-#: against (e): estimates may also differ by this many viewers (register collisions at few viewers)
+#: (e) against the exact counts: 5 standard errors of 2**12 registers, or this many viewers
+SPARK_HLL_REL_TOLERANCE = 5 * 1.04 / 64
 SPARK_HLL_ABS_TOLERANCE = 2
 TARGET_B_VS_A = 1.0
 
@@ -466,6 +467,15 @@ def verify(views: pd.DataFrame, outs: dict[str, str]) -> dict[str, Any]:
         true = exact_viewers.loc[common].to_numpy(np.float64)
         rel = np.abs(est - true) / np.maximum(true, 1.0)
         info["hll_max_rel_error_vs_exact"] = float(rel.max()) if len(rel) else 0.0
+        if v == "e":
+            # HyperLogLog++ with 2**12 registers: standard error 1.6 %; no sparse mode, so a few viewers
+            # sharing a register count once (a tweet of 5 viewers reads 4 about once in 800)
+            off = (rel > SPARK_HLL_REL_TOLERANCE) & (np.abs(est - true) > SPARK_HLL_ABS_TOLERANCE)
+            info["hll_outside_tolerance_vs_exact"] = int(off.sum())
+            if off.any():
+                check["problems"].append(
+                    f"(e) {int(off.sum())} HLL estimates are more than {SPARK_HLL_REL_TOLERANCE:.1%} and "
+                    f"{SPARK_HLL_ABS_TOLERANCE} viewers off the exact count")
         info["hll_mean_rel_error_vs_exact"] = float(rel.mean()) if len(rel) else 0.0
         check["variants"][v] = info
     names = sorted(frames)
@@ -490,9 +500,9 @@ def verify(views: pd.DataFrame, outs: dict[str, str]) -> dict[str, Any]:
             pair["hll_max_abs_diff"] = float(np.abs(ex - ey).max()) if len(rel) else 0.0
             pair["hll_identical"] = int((ex == ey).sum())
             if "e" in (x, y):
-                # Spark's HyperLogLog++ has no sparse mode: two of a few viewers in one register count once
-                # (a tweet of 5 viewers reads 4 about once in 800), where a DataSketches coupon set is exact.
-                outside = int(((rel > HLL_TOLERANCE) & (np.abs(ex - ey) > SPARK_HLL_ABS_TOLERANCE)).sum())
+                # Spark's HyperLogLog++ hashes with another function: its errors are independent of the
+                # DataSketches variants', so it is checked against the exact counts instead (below).
+                outside = 0
             else:
                 outside = int((rel > HLL_TOLERANCE).sum())
             pair["hll_outside_tolerance"] = outside

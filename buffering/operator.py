@@ -17,7 +17,7 @@ import shutil
 import tempfile
 import weakref
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Protocol
+from typing import Any, Iterable, Optional, Protocol, Sequence
 
 import pandas as pd
 
@@ -35,7 +35,7 @@ from state.ttl import AnyExpiryIndex, ExpiryIndex, OrderedExpiryIndex, expiry_fo
 
 from .buffer import MiniBatchBuffer
 from .frames import FrameCollector
-from .protocol import call_function
+from .protocol import call_function, spark_key_function
 from .decorators import OperatorSpec
 from .processor import ProcessorRuntime
 
@@ -258,7 +258,9 @@ class OperatorInstance:
         self._expiry_changes: dict[NormalizedKey, Optional[int]] = {}
         self.buffer = MiniBatchBuffer(self.key_columns, spec.mini_batch, key_types)
         # Columns of the frames handed to the function (the empty frame of a timeout has them).
-        self._value_columns: list[str] = list(self.key_columns)
+        self._value_columns: Sequence[str] = list(self.key_columns)
+        # The key as Spark hands it to the function, the conversion chosen once for the key types.
+        self._to_spark_key = spark_key_function(key_types)
         self._pending_keys: set[NormalizedKey] = set()
         self.suspended = False
 
@@ -646,8 +648,8 @@ class OperatorInstance:
             old_timeout_timestamp=NO_TIMESTAMP if old_timeout is None else old_timeout,
         )
         if rows is not None:
-            self._value_columns = list(rows.columns)
-        frames = call_function(function, nkey, self._key_types, rows, state, self._value_columns)
+            self._value_columns = rows.columns  # the Index, not a list: a timeout's empty frame lists it
+        frames = call_function(function, nkey, self._key_types, rows, state, self._value_columns, self._to_spark_key)
         self.metrics.calls += 1
         if state.removed:
             self.state.delete(nkey)

@@ -527,10 +527,13 @@ class OperatorInstance:
         values = self.state.get_many(keys)  # one batched read: cache hits, one multi-get for misses
         values = self._visible(keys, values, processing_time_ms)
         outputs = FrameCollector()
+        call = self._call
         for nkey, rows, value in zip(keys, frames, values):
-            outputs.add(self._call(nkey, rows, value, False, processing_time_ms, watermark_ms))
+            outputs.add(call(nkey, rows, value, False, processing_time_ms, watermark_ms))
         self._apply_expiry_changes()
-        return outputs.frames()
+        joined = outputs.frames()
+        self.metrics.rows_out += sum(len(frame) for frame in joined)  # a few joined frames, not one per call
+        return joined
 
     def _apply_expiry_changes(self) -> None:
         """Write the expiries the calls since the last flush set or cleared, in one batch each."""
@@ -622,7 +625,9 @@ class OperatorInstance:
         values = self._visible(keys, self.state.get_many(keys), processing_time_ms)
         for nkey, value in zip(keys, values):
             self.metrics.timeouts += 1
-            outputs.extend(self._call(nkey, None, value, True, processing_time_ms, watermark_ms))
+            frames = self._call(nkey, None, value, True, processing_time_ms, watermark_ms)
+            self.metrics.rows_out += sum(len(frame) for frame in frames)
+            outputs.extend(frames)
         self._apply_expiry_changes()
         return outputs
 
@@ -665,9 +670,7 @@ class OperatorInstance:
             self.timers.set(nkey, timeout)
         elif old_timeout is not None:
             self.timers.clear(nkey)  # Spark resets the timeout on every call
-        for frame in frames:
-            self.metrics.rows_out += len(frame)
-        return frames
+        return frames  # the caller counts their rows (metrics.rows_out)
 
     # ------------------------------------------------------------ inspection
     def state_items(self) -> dict[tuple, Any]:

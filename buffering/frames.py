@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import numpy as np
 import pandas as pd
 
+
 # ---------------------------------------------------------------- in: one frame per key
 def row_slices(frame: pd.DataFrame, starts: Sequence[int], stops: Sequence[int]) -> Iterator[pd.DataFrame]:
     """``frame.iloc[start:stop].reset_index(drop=True)`` for each ``(start, stop)``, each made when it is taken.
@@ -231,6 +232,7 @@ class FrameCollector:
     def __init__(self) -> None:
         self._out: list[pd.DataFrame] = []  # finished runs (joined) and frames no run takes, in order
         self._first: Optional[pd.DataFrame] = None  # the open run's first frame
+        self._columns: pd.Index = pd.RangeIndex(0)  # its columns (what the joined run gets)
         self._labels: list = []
         self._layout: _Layout = []
         self._parts: Optional[list[list[np.ndarray]]] = None  # per block of the open run: its frames' arrays

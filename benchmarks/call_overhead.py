@@ -21,16 +21,16 @@ checkpoint). Target (issue 15): <= 10 us per call at 100k tweets.
 
 Both variants call the function through the same timing wrapper, so each
 run also measures the time spent inside it: ``runner - inside`` is a second,
-direct measure of opbuffer's own time (it charges the wrapper's ~0.5 us to
+direct measure of opbuffer's own time (it charges the wrapper's 0.3 us to
 opbuffer), far less sensitive to other load on the machine than a
 difference of two runs. Before each timed run the harness's own data
 (the views, the batches, the pre-grouped frames) is frozen out of the
 garbage collector (``gc.freeze``), and the loop clears each pre-grouped
 frame's column cache after its call: full collections walking the 170k
 pre-grouped frames and the Series cached in them cost the loop seconds,
-which made the baseline swing 17-31 s and the difference meaningless. The
-loop counts its output rows instead of holding its output frames (which the
-runner joins as it goes).
+which made the baseline swing 17-31 s and the difference meaningless (the
+clearing costs the loop 0.1 us a call). The loop counts its output rows
+instead of holding its output frames (which the runner joins as it goes).
 
     python -m benchmarks.call_overhead [--quick] [--views N] [--tweets N] [--batches N] [--repeat R] [--out PATH]
 """

@@ -20,6 +20,7 @@ from state.keys import NormalizedKey, normalize_key
 
 from .aggregations import Aggregations
 from .decorators import MiniBatchConfig
+from .frames import row_slices
 
 
 def factorize_keys(
@@ -325,7 +326,12 @@ def _grouped(chunks: list[_Chunk], keys: list[NormalizedKey]) -> Iterator[tuple[
 
 
 def _grouped_parts(chunks: list[_Chunk], keys: list[NormalizedKey]) -> tuple[list[NormalizedKey], Iterator[pd.DataFrame]]:
-    """:func:`_grouped` as the keys in order and an iterator of their rows (each frame a slice made on demand)."""
+    """:func:`_grouped` as the keys in order and an iterator of their rows (each frame made on demand).
+
+    One stable sort and one take per flush (O(rows log rows)); then each key's
+    frame is cut from the sorted rows in O(blocks) (:func:`~.frames.row_slices`),
+    with the index ``0..n-1``.
+    """
     frame = chunks[0].frame if len(chunks) == 1 else pd.concat([c.frame for c in chunks], ignore_index=True)
     codes = chunks[0].codes if len(chunks) == 1 else np.concatenate([c.codes for c in chunks])
     order = np.argsort(codes, kind="stable")  # stable: arrival order within a key
@@ -334,8 +340,7 @@ def _grouped_parts(chunks: list[_Chunk], keys: list[NormalizedKey]) -> tuple[lis
     starts = np.concatenate(([0], bounds))
     ends = np.concatenate((bounds, [len(codes)])).tolist()
     grouped_keys = [keys[code] for code in sorted_codes[starts].tolist()]
-    taken = frame.take(order).reset_index(drop=True)
-    return grouped_keys, (taken.iloc[start:end] for start, end in zip(starts.tolist(), ends))
+    return grouped_keys, row_slices(frame.take(order), starts.tolist(), ends)
 
 
 def _object_column(values: list[Any]) -> Any:

@@ -17,7 +17,7 @@ import shutil
 import tempfile
 import weakref
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Protocol
+from typing import Any, Iterable, Optional, Protocol, Sequence
 
 import pandas as pd
 
@@ -36,7 +36,7 @@ from state.ttl import AnyExpiryIndex, ExpiryIndex, OrderedExpiryIndex, expiry_fo
 from .aggregations.columnar import ColumnarLayout, PackedSerializer, packed
 from .buffer import MiniBatchBuffer
 from .frames import FrameCollector
-from .protocol import call_function
+from .protocol import call_function, spark_key_function
 from .decorators import OperatorSpec
 from .processor import ProcessorRuntime
 from .windows import WindowRuntime, check_window_columns
@@ -294,7 +294,9 @@ class OperatorInstance:
         else:
             self.buffer = MiniBatchBuffer(self.key_columns, spec.mini_batch, key_types)
         # Columns of the frames handed to the function (the empty frame of a timeout has them).
-        self._value_columns: list[str] = list(self.key_columns)
+        self._value_columns: Sequence[str] = list(self.key_columns)
+        # The key as Spark hands it to the function, the conversion chosen once for the key types.
+        self._to_spark_key = spark_key_function(key_types)
         self._pending_keys: set[NormalizedKey] = set()
         self.suspended = False
 
@@ -592,10 +594,13 @@ class OperatorInstance:
         values = self.state.get_many(keys)  # one batched read: cache hits, one multi-get for misses
         values = self._visible(keys, values, processing_time_ms)
         outputs = FrameCollector()
+        call = self._call
         for nkey, rows, value in zip(keys, frames, values):
-            outputs.add(self._call(nkey, rows, value, False, processing_time_ms, watermark_ms))
+            outputs.add(call(nkey, rows, value, False, processing_time_ms, watermark_ms))
         self._apply_expiry_changes()
-        return outputs.frames()
+        joined = outputs.frames()
+        self.metrics.rows_out += sum(len(frame) for frame in joined)  # a few joined frames, not one per call
+        return joined
 
     def _apply_expiry_changes(self) -> None:
         """Write the expiries the calls since the last flush set or cleared, in one batch each."""
@@ -751,7 +756,9 @@ class OperatorInstance:
         values = self._visible(keys, self.state.get_many(keys), processing_time_ms)
         for nkey, value in zip(keys, values):
             self.metrics.timeouts += 1
-            outputs.extend(self._call(nkey, None, value, True, processing_time_ms, watermark_ms))
+            frames = self._call(nkey, None, value, True, processing_time_ms, watermark_ms)
+            self.metrics.rows_out += sum(len(frame) for frame in frames)
+            outputs.extend(frames)
         self._apply_expiry_changes()
         return outputs
 
@@ -777,8 +784,8 @@ class OperatorInstance:
             old_timeout_timestamp=NO_TIMESTAMP if old_timeout is None else old_timeout,
         )
         if rows is not None:
-            self._value_columns = list(rows.columns)
-        frames = call_function(function, nkey, self._key_types, rows, state, self._value_columns)
+            self._value_columns = rows.columns  # the Index, not a list: a timeout's empty frame lists it
+        frames = call_function(function, nkey, self._key_types, rows, state, self._value_columns, self._to_spark_key)
         self.metrics.calls += 1
         if state.removed:
             self.state.delete(nkey)
@@ -794,9 +801,7 @@ class OperatorInstance:
             self.timers.set(nkey, timeout)
         elif old_timeout is not None:
             self.timers.clear(nkey)  # Spark resets the timeout on every call
-        for frame in frames:
-            self.metrics.rows_out += len(frame)
-        return frames
+        return frames  # the caller counts their rows (metrics.rows_out)
 
     # ------------------------------------------------------------ inspection
     def state_items(self) -> dict[tuple, Any]:

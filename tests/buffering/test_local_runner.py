@@ -196,6 +196,32 @@ def test_a_single_column_key_is_a_one_element_tuple():
     assert key == (3,) and type(key[0]) is np.int32  # an int32 column is a Spark int
 
 
+@pytest.mark.parametrize(
+    "key_types, values",
+    [
+        (("long",), [5, -(2**63), None]),
+        (("int",), [3, None]),
+        (("tinyint",), [1, None]),
+        (("string",), ["a", "", None]),
+        (("binary",), [b"x", None]),
+        (("double",), [1.5, float("nan"), None]),
+        (("boolean",), [True, None]),
+        (("timestamp",), [None]),
+        (("long", "string"), [(1, "a"), (None, "b")]),
+    ],
+)
+def test_the_key_conversion_chosen_once_for_the_key_types_equals_spark_key(key_types, values):
+    from buffering.protocol import spark_key, spark_key_function
+    from state.keys import normalize_key
+
+    convert = spark_key_function(key_types)
+    for value in values:
+        nkey = normalize_key(value if isinstance(value, tuple) else (value,))
+        got, expected = convert(nkey), spark_key(nkey, key_types)
+        assert repr(got) == repr(expected)  # NaN == NaN as text
+        assert [type(v) for v in got] == [type(v) for v in expected]
+
+
 def test_two_column_keys_keep_separate_state_per_pair():
     def fn(key, rows, state):
         n = (state.get[0] if state.exists else 0) + sum(len(f) for f in rows)
@@ -211,6 +237,59 @@ def test_rows_given_to_fn_hold_every_column_of_the_batch():
     rec = Recorder(lambda key, rows, state: iter(()))
     LocalRunner(rec, key="k", clock=Clock()).process(pd.DataFrame({"k": [1], "v": [2], "w": ["z"]}))
     assert list(rec.calls[0][1][0].columns) == ["k", "v", "w"]
+
+
+def test_each_keys_rows_come_as_spark_hands_them_in_arrival_order_with_the_index_0_to_n():
+    seen = {}
+
+    def fn(key, rows, state):
+        for f in rows:
+            seen[key[0]] = f.copy()
+        return iter(())
+
+    batch = pd.DataFrame({
+        "k": [2, 1, 2, 3, 1, 2],
+        "v": [0.5, 1.5, 2.5, 3.5, 4.5, 5.5],
+        "s": list("abcdef"),
+        "t": pd.date_range("2024-01-01", periods=6, freq="min", tz="UTC"),
+    }, index=[10, 11, 12, 13, 14, 15])
+    LocalRunner(fn, key="k", clock=Clock()).process(batch)
+    for key in (1, 2, 3):
+        expected = batch[batch["k"] == key].reset_index(drop=True)
+        pd.testing.assert_frame_equal(seen[key], expected, check_index_type=True)
+        assert isinstance(seen[key].index, pd.RangeIndex)
+
+
+def test_rows_of_a_key_buffered_over_several_batches_come_as_one_frame_in_arrival_order():
+    seen = {}
+
+    def fn(key, rows, state):
+        seen[key[0]] = pd.concat(list(rows))
+        return iter(())
+
+    runner = LocalRunner(mini_batch(max_rows=5)(fn), key="k", clock=Clock())
+    runner.process(pd.DataFrame({"k": [1, 2], "v": [1, 2]}))
+    runner.process(pd.DataFrame({"k": [2, 1, 1], "v": [3, 4, 5]}))
+    pd.testing.assert_frame_equal(seen[1], pd.DataFrame({"k": [1, 1, 1], "v": [1, 4, 5]}))
+    pd.testing.assert_frame_equal(seen[2], pd.DataFrame({"k": [2, 2], "v": [2, 3]}))
+
+
+def test_outputs_of_many_keys_of_differing_layouts_join_as_pd_concat_joins_them():
+    def fn(key, rows, state):
+        k = int(key[0])
+        if k % 7 == 0:  # another dtype for "n": its own run of frames
+            yield pd.DataFrame({"k": [k], "n": [float(k)]})
+        elif k % 11 == 0:  # no frame at all
+            return
+        else:
+            yield pd.DataFrame({"k": [k], "n": [k * 2]})
+            if k % 5 == 0:
+                yield pd.DataFrame({"k": [k, k], "n": [1, 2]})
+
+    keys = list(range(300))
+    out = LocalRunner(fn, key="k", clock=Clock()).process(pd.DataFrame({"k": keys}))
+    expected = pd.concat([f for k in keys for f in fn((np.int64(k),), iter(()), None)], ignore_index=True)
+    pd.testing.assert_frame_equal(out, expected)
 
 
 # ---------------------------------------------------------------- processing time and its timeouts

@@ -315,6 +315,11 @@ class OperatorInstance:
         )
 
     @property
+    def state_table(self) -> Store:
+        """The table the state lives in (behind :attr:`state` when that is a cache)."""
+        return self.tables[STATE_TABLE]
+
+    @property
     def caches(self) -> list[WriteBackCache]:
         """Every state cache of this instance (the state's, or one per processor variable)."""
         caches = [self.cache] if self.cache is not None else []

@@ -510,8 +510,11 @@ class WindowRuntime:
     def _index(self, instance: "OperatorInstance") -> dict[int, set[NormalizedKey]]:
         if self._open is None:
             self._open = {}
-            for nkey in instance.state.keys():
-                nkey = normalize_key(nkey)
+            instance.state.flush()  # the working table then holds every window with state
+            table = instance.state_table
+            key_list = getattr(table, "key_list", None)
+            keys = key_list() if key_list is not None else [normalize_key(k) for k in table.keys()]
+            for nkey in keys:
                 self._open.setdefault(key_columns(nkey)[-1], set()).add(nkey)
             self._heap = list(self._open)
             heapq.heapify(self._heap)

@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from state import RocksDBStore, StoreClosedError, StoreError, StoreLockedError, WriteBackCache
+from state.keys import normalize_key
 
 from .helpers import INT64_MAX, INT64_MIN, KEY_POOL, expected_items, hsettings, typed_items
 
@@ -396,3 +397,19 @@ def test_invalid_options_raise_value_error(tmp_path):
         RocksDBStore(tmp_path / "b", bloom_bits_per_key=-1)
     with pytest.raises(ValueError):
         RocksDBStore(tmp_path / "c", max_parallelism=0)
+
+
+def test_key_list_gives_every_key_normalized_as_the_items_do(tmp_path):
+    store = RocksDBStore(str(tmp_path / "db"), group_columns=1)
+    pairs = [((k, s), k + s) for k in range(-20, 40) for s in (0, 60_000)]
+    store.put_many(pairs)
+    assert sorted(store.key_list()) == sorted(k for k, _ in store.items())
+    assert sorted(store.key_list()) == sorted(k for k, _ in pairs)
+    store.close()
+
+
+def test_key_list_of_other_keys_decodes_them_one_by_one(tmp_path):
+    store = RocksDBStore(str(tmp_path / "db"))
+    store.put_many([("a", 1), ((1, "b"), 2), (3, 3)])
+    assert sorted(map(repr, store.key_list())) == sorted(repr(normalize_key(k)) for k, _ in store.items())
+    store.close()

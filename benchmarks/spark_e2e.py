@@ -80,13 +80,14 @@ import sys
 import tempfile
 import traceback
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 import pandas as pd
 
 import buffering
 from buffering import ApproxDistinct, Count
+from state.keygroups import DEFAULT_MAX_PARALLELISM
 
 from ._common import check_target, local_spark_builder, log, now, print_table, write_record
 
@@ -263,6 +264,15 @@ class Case:
         return os.path.join(base, "checkpoint"), os.path.join(base, "out")
 
 
+def _timed_query(build: Callable[[], Any], checkpoint: str) -> tuple[Any, float]:
+    """Start ``build()`` (a DataStreamWriter) over the files with ``checkpoint``, until every file is read;
+    the query and its seconds, from just before the plan is built to the return of ``awaitTermination()``."""
+    started = now()
+    query = build().option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
+    query.awaitTermination()
+    return query, now() - started
+
+
 def run_variant(case: Case, variant: str) -> dict[str, Any]:
     """Run one variant once; returns its timing, per-batch times and output location."""
     from buffering.spark import ParquetSink, run_stream
@@ -272,19 +282,14 @@ def run_variant(case: Case, variant: str) -> dict[str, Any]:
     load_before = os.getloadavg()
     result: dict[str, Any] = {"variant": variant, "out": out, "load_before": list(load_before)}
     if variant == "a":
-        started = now()
-        query = (
-            case.stream()
+        query, result["seconds"] = _timed_query(
+            lambda: case.stream()
             .groupBy("tweet")
             .applyInPandasWithState(tweet_stats, OUTPUT_SCHEMA, STATE_SCHEMA, "Update", "NoTimeout")
             .writeStream.outputMode("update")
-            .foreachBatch(ParquetSink(out))
-            .option("checkpointLocation", checkpoint)
-            .trigger(availableNow=True)
-            .start()
+            .foreachBatch(ParquetSink(out)),
+            checkpoint,
         )
-        query.awaitTermination()
-        result["seconds"] = now() - started
     elif variant in ("b", "c"):
         fn = decorated_tweet_stats(args.max_entries) if variant == "b" else aggregate_tweet_stats(args.max_entries)
         started = now()
@@ -315,15 +320,7 @@ def run_variant(case: Case, variant: str) -> dict[str, Any]:
             (batch_df.repartition(parallelism, "tweet").mapInPandas(_identity, spark_schema)
              .write.format("noop").mode("overwrite").save())
 
-        started = now()
-        query = (
-            case.stream().writeStream.foreachBatch(floor)
-            .option("checkpointLocation", checkpoint)
-            .trigger(availableNow=True)
-            .start()
-        )
-        query.awaitTermination()
-        result["seconds"] = now() - started
+        query, result["seconds"] = _timed_query(lambda: case.stream().writeStream.foreachBatch(floor), checkpoint)
         result["out"] = None
     elif variant == "e":
         from pyspark.sql import functions as F
@@ -333,19 +330,14 @@ def run_variant(case: Case, variant: str) -> dict[str, Any]:
         before = spark.conf.get(conf, None)
         spark.conf.set(conf, "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
         try:
-            started = now()
-            query = (
-                case.stream()
+            query, result["seconds"] = _timed_query(
+                lambda: case.stream()
                 .groupBy("tweet")
                 .agg(F.count(F.lit(1)).alias("views"), F.approx_count_distinct("user", SPARK_RSD).alias("viewers"))
                 .writeStream.outputMode("update")
-                .foreachBatch(ParquetSink(out))
-                .option("checkpointLocation", checkpoint)
-                .trigger(availableNow=True)
-                .start()
+                .foreachBatch(ParquetSink(out)),
+                checkpoint,
             )
-            query.awaitTermination()
-            result["seconds"] = now() - started
         finally:
             if before is None:
                 spark.conf.unset(conf)
@@ -362,22 +354,14 @@ def run_variant(case: Case, variant: str) -> dict[str, Any]:
         stream = case.stream()
         partials = sql_partials(aggs, stream.schema)
         assert partials is not None
-        index = operator_index_sql(["tweet"], parallelism, 128)
+        index = operator_index_sql(["tweet"], parallelism, DEFAULT_MAX_PARALLELISM)
 
         def ceiling(batch_df: Any, batch_id: int) -> None:
             frame = batch_df.groupBy("tweet").agg(F.count(F.lit(1)).alias("n"), *sql_exprs(aggs, partials))
             frame = frame.withColumn("op", F.expr(index)).repartitionById(parallelism, "op")
             frame.mapInPandas(_read_only, frame.schema).write.format("noop").mode("overwrite").save()
 
-        started = now()
-        query = (
-            stream.writeStream.foreachBatch(ceiling)
-            .option("checkpointLocation", checkpoint)
-            .trigger(availableNow=True)
-            .start()
-        )
-        query.awaitTermination()
-        result["seconds"] = now() - started
+        query, result["seconds"] = _timed_query(lambda: stream.writeStream.foreachBatch(ceiling), checkpoint)
         result["out"] = None
     else:
         raise ValueError(variant)

@@ -26,7 +26,7 @@ from checkpoint.staging import sweep_stale_staging
 from state import MemoryStore, RocksDBStore, Store, WriteBackCache, key_group_range
 from state.cache import CacheManager
 from state.group_state import NO_TIMESTAMP, GroupState, GroupStateTimeout
-from state.keys import NormalizedKey, denormalize_key, normalize_key
+from state.keys import NormalizedKey, key_column_values, normalize_key
 from state.locks import FileLock, directory_lock
 from state.raw import RawTable
 from state.state_schema import StateSchema
@@ -660,7 +660,7 @@ class OperatorInstance:
         self.metrics.calls += len(keys)
         self.metrics.rows_out += len(keys)
         if key_frame is None:
-            key_frame = _key_frame(keys, self.key_columns)
+            key_frame = pd.DataFrame(key_column_values(keys, self.key_columns), columns=self.key_columns)
         else:
             key_frame = key_frame.reset_index(drop=True)
         return key_frame.assign(**layout.results(block))
@@ -867,12 +867,3 @@ class OperatorInstance:
                     self.cache.close()  # flushes and closes the root store's table
         finally:
             self._finalizer()
-
-
-def _key_frame(keys: list[NormalizedKey], key_columns: list[str]) -> pd.DataFrame:
-    """The key columns of ``keys``, one row per key."""
-    if len(key_columns) == 1 and all(type(k) is not tuple for k in keys):
-        return pd.DataFrame({key_columns[0]: keys})  # one key column of plain scalars: no per-key tuples
-    rows = [denormalize_key(k) for k in keys]
-    return pd.DataFrame({name: [row[i] for row in rows] for i, name in enumerate(key_columns)}, columns=key_columns)
-

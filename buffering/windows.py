@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from state.group_state import NO_TIMESTAMP
-from state.keys import NormalizedKey, denormalize_key, key_columns, normalize_key
+from state.keys import NormalizedKey, key_column_values, key_columns, normalize_key
 
 from .protocol import event_time_ms
 
@@ -536,13 +536,7 @@ class WindowRuntime:
     ) -> pd.DataFrame:
         """Output rows: the key columns, window start and end, then each output (from ``accs``, the
         accumulators, or ``results``, the outputs' columns)."""
-        data: dict[str, Any] = {}
-        if len(self.key_columns) == 1 and all(type(k) is not tuple for k in ukeys):
-            data[self.key_columns[0]] = ukeys
-        else:
-            rows = [denormalize_key(k) for k in ukeys]
-            for i, name in enumerate(self.key_columns):
-                data[name] = [row[i] for row in rows]
+        data: dict[str, Any] = key_column_values(ukeys, self.key_columns)
         data[WINDOW_START] = timestamps(starts)
         data[WINDOW_END] = timestamps(ends)
         if results is not None:

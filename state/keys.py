@@ -27,7 +27,7 @@ import datetime as _dt
 import math
 import struct
 from collections.abc import Sequence
-from typing import Any, Hashable, Iterable, Union
+from typing import Any, Callable, Hashable, Iterable, Union
 
 import xxhash
 
@@ -188,6 +188,22 @@ _unpack_q = struct.Struct(">q").unpack_from
 _unpack_d = struct.Struct(">d").unpack_from
 _unpack_i = struct.Struct(">i").unpack_from
 _unpack_I = struct.Struct(">I").unpack_from
+
+
+def key_column_values(
+    nkeys: Sequence[Any], names: Sequence[str], to_columns: Callable[[Any], tuple] = denormalize_key
+) -> dict[str, list]:
+    """``{name: values}``: the columns ``names`` of the keys ``nkeys`` (``to_columns`` turns one key into
+    its column values). One column of plain scalars (the common case) is the keys themselves, with no
+    per-key tuple. O(keys x columns). Raises ValueError naming a key of another number of columns."""
+    names = list(names)
+    if len(names) == 1 and to_columns is denormalize_key and all(type(k) is not tuple for k in nkeys):
+        return {names[0]: list(nkeys)}
+    rows = [to_columns(k) for k in nkeys]
+    for k, row in zip(nkeys, rows):
+        if len(row) != len(names):
+            raise ValueError(f"key {k!r} has {len(row)} columns but key_names is {names!r}")
+    return {name: [row[i] for row in rows] for i, name in enumerate(names)}
 
 
 def _micros(value: _dt.datetime) -> tuple[int, bool]:

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from state.keys import denormalize_key, normalize_key
+from state.keys import denormalize_key, key_column_values, normalize_key
 
 from .base import Aggregation
 from .engine import Grouping, _as_by, _check_columns, _object_array
@@ -184,16 +184,7 @@ class Aggregations(Mapping[str, Aggregation]):
         """
         key_names = list(key_names)
         keys = list(accumulators if keys is None else keys)
-        data: dict[str, Any] = {}
-        if len(key_names) == 1 and key_columns is denormalize_key and all(type(k) is not tuple for k in keys):
-            data[key_names[0]] = keys  # one key column of plain scalars (the common case): no per-key tuples
-        else:
-            key_rows = [key_columns(k) for k in keys]
-            for k, row in zip(keys, key_rows):
-                if len(row) != len(key_names):
-                    raise ValueError(f"key {k!r} has {len(row)} columns but key_names is {key_names!r}")
-            for i, name in enumerate(key_names):
-                data[name] = [row[i] for row in key_rows]
+        data: dict[str, Any] = key_column_values(keys, key_names, key_columns)
         accs = [accumulators[k] for k in keys]
         for name, agg in self._aggs.items():
             if name in data:

@@ -358,3 +358,22 @@ def test_a_null_column_leaves_the_spark_hash_unchanged():
     assert spark_hash(normalize_key(None)) == SPARK_HASH_SEED
     assert spark_hash(normalize_key(("a", None))) == spark_hash(normalize_key("a"))
     assert spark_hash(normalize_key((None, "a")), ["long", "string"]) == spark_hash(normalize_key("a"), ["string"])
+
+
+def test_key_column_values_of_one_plain_column_are_the_keys_themselves():
+    from state.keys import key_column_values
+
+    assert key_column_values([1, "a"], ["k"]) == {"k": [1, "a"]}
+
+
+def test_key_column_values_of_several_columns_split_each_key():
+    from state.keys import key_column_values
+
+    assert key_column_values([(1, "a"), (2, "b")], ["n", "s"]) == {"n": [1, 2], "s": ["a", "b"]}
+
+
+def test_key_column_values_names_a_key_of_another_width():
+    from state.keys import key_column_values
+
+    with pytest.raises(ValueError, match=r"key \(1, 'a'\) has 2 columns"):
+        key_column_values([(1, "a")], ["n"])

@@ -315,19 +315,28 @@ class WindowRuntime:
             out = frame.take(rows).reset_index(drop=True).assign(**{WINDOW_START: starts})
         return out, n_late
 
+    def _open_positions(
+        self, nkeys: list[NormalizedKey], rows: Sequence[int], watermark_ms: int
+    ) -> tuple[Optional[np.ndarray], int]:
+        """Positions of the ``(key..., window start)`` keys whose window is still open (None: all of them),
+        and how many input rows the others stand for."""
+        if watermark_ms == NO_TIMESTAMP or not nkeys:
+            return None, 0
+        starts = np.fromiter((key_columns(k)[-1] for k in nkeys), dtype=np.int64, count=len(nkeys))
+        late = self._late(starts, watermark_ms)
+        if not late.any():
+            return None, 0
+        return np.flatnonzero(~late), int(np.asarray(rows, dtype=np.int64)[late].sum())
+
     def drop_late_accumulators(
         self, nkeys: list[NormalizedKey], accumulators: list[Any], rows: list[int], watermark_ms: int
     ) -> tuple[list[NormalizedKey], list[Any], list[int], int]:
         """Accumulators combined before the shuffle per ``(key..., window start)``, without closed windows'."""
-        if watermark_ms == NO_TIMESTAMP or not nkeys:
+        keep, n_late = self._open_positions(nkeys, rows, watermark_ms)
+        if keep is None:
             return nkeys, accumulators, rows, 0
-        starts = np.fromiter((key_columns(k)[-1] for k in nkeys), dtype=np.int64, count=len(nkeys))
-        late = self._late(starts, watermark_ms)
-        if not late.any():
-            return nkeys, accumulators, rows, 0
-        keep = np.flatnonzero(~late).tolist()
-        n_late = sum(rows[i] for i in np.flatnonzero(late).tolist())
-        return [nkeys[i] for i in keep], [accumulators[i] for i in keep], [rows[i] for i in keep], n_late
+        positions = keep.tolist()
+        return [nkeys[i] for i in positions], [accumulators[i] for i in positions], [rows[i] for i in positions], n_late
 
     # ------------------------------------------------------------ merging
     def flush(self, instance: "OperatorInstance") -> list[pd.DataFrame]:
@@ -341,9 +350,7 @@ class WindowRuntime:
         if self.layout is not None:
             return self._merge_fixed(instance, keys, self.layout.from_accumulators(partials))
         state = instance.state
-        index = self._index(instance)
-        empty: frozenset = frozenset()
-        held = [i for i, nkey in enumerate(keys) if nkey in index.get(nkey[-1], empty)]
+        held = self._held(instance, keys)
         merged = list(partials)
         if held:
             merge = self.aggs.merge
@@ -355,6 +362,12 @@ class WindowRuntime:
         if self.config.emit != "update":
             return []
         return [self._fixed_frame(keys, merged, instance)]
+
+    def _held(self, instance: "OperatorInstance", keys: list[NormalizedKey]) -> list[int]:
+        """Positions of the ``(key..., window start)`` keys whose window is open (has state)."""
+        index = self._index(instance)
+        empty: frozenset = frozenset()
+        return [i for i, nkey in enumerate(keys) if nkey in index.get(nkey[-1], empty)]
 
     def _open_new(self, keys: list[NormalizedKey], held: list[int]) -> None:
         """Record the windows of ``keys`` not in ``held`` (their positions) as open."""
@@ -377,9 +390,7 @@ class WindowRuntime:
         """Merge a block of partials (one row per ``(key..., window start)``) into the windows' state as columns."""
         layout = self.layout
         assert layout is not None
-        index = self._index(instance)
-        empty: frozenset = frozenset()
-        held = [i for i, nkey in enumerate(keys) if nkey in index.get(nkey[-1], empty)]
+        held = self._held(instance, keys)
         stored: list[Any] = [None] * len(keys)
         if held:
             for i, value in zip(held, instance.state.get_many([keys[i] for i in held])):
@@ -402,18 +413,14 @@ class WindowRuntime:
         """Partials combined before the shuffle per ``(key..., window start)``, as columns: closed windows'
         rows dropped and counted, the others merged into the windows' state."""
         assert self.layout is not None
-        instance.metrics.calls += len(nkeys)
-        if watermark_ms != NO_TIMESTAMP:
-            starts = np.fromiter((k[-1] for k in nkeys), dtype=np.int64, count=len(nkeys))
-            late = self._late(starts, watermark_ms)
-            if late.any():
-                keep = np.flatnonzero(~late)
-                instance.metrics.late_rows += int(np.asarray(rows, dtype=np.int64)[late].sum())
-                positions = keep.tolist()
-                nkeys = [nkeys[i] for i in positions]
-                partials = {name: _take(column, keep) for name, column in partials.items()}
-                if not nkeys:
-                    return []
+        keep, n_late = self._open_positions(nkeys, rows, watermark_ms)
+        if keep is not None:
+            instance.metrics.late_rows += n_late
+            nkeys = [nkeys[i] for i in keep.tolist()]
+            partials = {name: _take(column, keep) for name, column in partials.items()}
+            if not nkeys:
+                return []
+        instance.metrics.calls += len(nkeys)  # the windows merged, as a flush counts them
         return self._merge_fixed(instance, nkeys, self.layout.from_columns(partials))
 
     def _flush_sessions(

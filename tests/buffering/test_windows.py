@@ -354,3 +354,21 @@ def test_a_key_column_named_like_a_window_column_is_refused():
 def test_window_config_reads_durations_as_milliseconds():
     config = WindowConfig.of(Hopping("1 minute", pd.Timedelta(seconds=15)), grace="2s")
     assert (config.spec.size_ms, config.spec.slide_ms, config.grace_ms) == (60_000, 15_000, 2_000)
+
+
+def test_partials_of_closed_windows_given_as_columns_are_dropped_counted_and_not_merged(tmp_path):
+    import numpy as np
+
+    from buffering import OperatorInstance
+
+    op = aggregate({"n": Count()}, window=Tumbling("1 minute"))
+    instance = OperatorInstance(op.__opbuffer__, key_columns=["k"], key_types=("long",), index=0, parallelism=1,
+                                max_parallelism=128, watermark_present=True, event_time="ts",
+                                workdir=str(tmp_path / "db"))
+    # watermark 2 minutes: the window of minute 0 has closed, the one of minute 2 is open
+    out = instance.process_columns([(1, 0), (1, 120_000)], None, {"n": np.array([3, 4])}, [3, 4], 0, 120_000)
+    assert out == []  # emission on watermark: nothing yet
+    assert instance.metrics.late_rows == 3
+    assert instance.metrics.calls == 1
+    assert {k: dict(v) for k, v in instance.state_items().items()} == {(1, 120_000): {"n": 4}}
+    instance.close()

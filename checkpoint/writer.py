@@ -245,6 +245,7 @@ class CheckpointWriter:
         # One multi-get per table for the changed keys of the key groups that may get a delta, before
         # anything is written (a key group bound to be compacted is read by its snapshot instead).
         candidates = [g for g in groups if may_get_delta(g)]
+        delta_candidates = set(candidates)
         current: dict[str, dict[bytes, bytes | None]] = {}
         for name in names:
             keys = [k for g in candidates for k in changed[g].get(name, ())]
@@ -261,8 +262,6 @@ class CheckpointWriter:
                 for name in names if (keys := changed[g].get(name))
             )
             return sum(r.bytes for r in chain[1:]) + size <= self.max_delta_ratio * chain[0].bytes
-
-        delta_candidates = set(candidates)
 
         def delta_section(g: int) -> bytes:
             blocks = []

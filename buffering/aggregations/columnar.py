@@ -773,8 +773,7 @@ class ColumnarLayout:
             if v is None:
                 accumulators.append({name: _empty_partial(field) for name, field in zip(self.names, self.fields)})
             elif isinstance(v, bytes):
-                accumulators.append(PackedAccumulator(v).as_dict() if isinstance(v, PackedAccumulator) else
-                                    pickle.loads(v).as_dict())
+                accumulators.append(PackedAccumulator(v).as_dict())  # packed bytes beside the dicts
             elif isinstance(v, Mapping):
                 accumulators.append(v)
             else:

@@ -116,7 +116,9 @@ class LocalRunner:
             for s3fs); None: the filesystem's defaults (for S3: the AWS environment).
         timeout: ``"none"``, ``"processing"`` or ``"event"`` (GroupStateTimeout).
         event_time: the event-time column (epoch ms or timestamps) for the watermark.
-        watermark_delay_ms: allowed lateness: watermark = max event time - delay.
+        watermark_delay_ms: allowed lateness: watermark = max event time - delay. With
+            ``timeout="event"``, rows at or before the watermark the previous batch ran
+            with are dropped as late, timeouts fire by the batch's own (as in Spark).
         clock: processing time in ms (default: wall clock); inject one in tests.
         key_types: Spark types of the key columns (default: from the first batch's dtypes).
         memory_budget: bytes that the state caches of all instances hold together (one
@@ -342,7 +344,7 @@ class LocalRunner:
         processing_time = self._processing_time(version)
         watermark = self.watermark_ms
         late_watermark = late_rows_watermark(
-            self.spec, watermark, dict(self._manifest.metadata) if self._manifest is not None else None
+            watermark, dict(self._manifest.metadata) if self._manifest is not None else None
         )
         instances = self.instances
         outputs: list[pd.DataFrame] = []

@@ -134,17 +134,16 @@ def watermark_for(max_event_time_ms: int, delay_ms: float, has_event_time: bool)
 WATERMARK_FIELD = "watermark_ms"
 
 
-def late_rows_watermark(spec: Any, watermark_ms: int, previous_metadata: Optional[dict]) -> int:
-    """The watermark rows are filtered by as late: a processor's is the previous batch's, as Spark's.
+def late_rows_watermark(watermark_ms: int, previous_metadata: Optional[dict]) -> int:
+    """The watermark rows are filtered by as late: the one the previous batch ran with, as Spark's.
 
-    Spark's transformWithState drops rows at or before the watermark *for late
-    events* (the watermark the previous batch ran with) and fires timers by the
-    watermark *for eviction* (``watermark_ms``). applyInPandasWithState
-    functions keep using ``watermark_ms`` for both (a difference the README
-    documents). Without a previous batch, or one that did not record its
-    watermark, ``watermark_ms``.
+    Spark's stateful operators (flatMapGroupsWithState, applyInPandasWithState,
+    transformWithState) drop rows at or before the watermark *for late events*
+    (the watermark the previous batch ran with) and fire timeouts and timers by
+    the watermark *for eviction* (``watermark_ms``). Without a previous batch,
+    or one that did not record its watermark, ``watermark_ms``.
     """
-    if getattr(spec, "processor", None) is None or not previous_metadata:
+    if not previous_metadata:
         return watermark_ms
     return int(previous_metadata.get(WATERMARK_FIELD, watermark_ms))
 

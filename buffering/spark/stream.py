@@ -348,7 +348,7 @@ class StreamRunner:
             metadata = dict(self.storage.read_manifest(previous).metadata)
             max_event = int(metadata.get("max_event_time_ms", NO_TIMESTAMP))
         watermark = watermark_for(max_event, self.watermark_delay_ms, self.event_time is not None)
-        late = late_rows_watermark(self.spec, watermark, metadata)
+        late = late_rows_watermark(watermark, metadata)
         # Hosted tasks get no closure per batch: they read what they must decide alike from the record.
         decisions = (
             {"previous_version": previous, "watermark_ms": watermark, "late_watermark_ms": late}
@@ -778,13 +778,11 @@ def run_stream(
         timeout: ``"none"``, ``"processing"`` or ``"event"`` (GroupStateTimeout).
         event_time: event-time column (timestamp or epoch ms) driving the watermark.
         watermark_delay_ms: watermark = max event time seen - this delay (before the batch).
-            With ``timeout="event"``, rows at or before the batch's watermark are
-            dropped as late. Spark runs extra batches without data when its
-            watermark moves and drops at or before the previous batch's watermark
-            when batches run back to back; run_stream runs no batch without data
-            (timeouts such a batch would fire, fire at the next batch), so a row
-            between the previous and the current watermark, which Spark keeps in
-            a backlog, is dropped here.
+            With ``timeout="event"``, rows at or before the watermark the previous
+            batch ran with are dropped as late and timeouts fire by the batch's
+            own watermark, as in Spark. Spark runs extra batches without data
+            when its watermark moves; run_stream runs no batch without data, so
+            the timeouts such a batch would fire, fire at the next batch.
         combine_before_shuffle: pre-aggregate before the shuffle (default: when fn has a mapping combiner).
         retain: committed versions kept (older files are deleted).
         storage_options: fsspec options of a URL ``checkpoint_location``, one mapping (for

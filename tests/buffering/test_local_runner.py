@@ -469,14 +469,28 @@ def test_event_time_timeouts_fire_with_hasTimedOut_and_no_rows():
     assert len(frames) == 1 and frames[0].empty
 
 
-def test_rows_older_than_the_watermark_are_dropped():
+def test_rows_at_or_before_the_previous_batchs_watermark_are_dropped():
+    """As Spark's stateful operators: late rows are filtered by the watermark the previous batch ran
+    with (its watermark for late events), timeouts fire by the current one."""
     rec = Recorder(event_timeout_fn(100_000))
     runner = event_runner(rec, watermark_delay_ms=1_000)
-    runner.process(frame(k=[1], ts=[10_000]))  # watermark for the next batch: 9000
+    runner.process(frame(k=[1], ts=[10_000]))  # the next batch runs with watermark 9000
+    runner.process(frame(k=[3], ts=[9_800]))  # runs with 9000: the batch after it filters by 9000
     runner.process(frame(k=[1, 1, 2], ts=[8_999, 9_500, 100]))
     assert rec.rows_of((1,), "ts") == [10_000, 9_500]
     assert rec.rows_of((2,), "ts") == []
     assert runner.stats()["dropped_late_rows"] == 2
+
+
+def test_rows_between_the_previous_and_the_current_watermark_are_kept_as_in_spark():
+    """Checked on Spark 4.3 (tests/spark/test_upstream_parity.py, event_time_timeout_watermark): a row
+    behind the current watermark but after the previous batch's reaches the function."""
+    rec = Recorder(event_timeout_fn(100_000))
+    runner = event_runner(rec, watermark_delay_ms=1_000)
+    runner.process(frame(k=[1], ts=[10_000]))  # the next batch runs with watermark 9000; this one with 0
+    runner.process(frame(k=[2], ts=[5_000]))
+    assert rec.rows_of((2,), "ts") == [5_000]
+    assert runner.stats()["dropped_late_rows"] == 0
 
 
 def test_a_row_at_exactly_the_watermark_is_late_as_in_spark():
@@ -484,7 +498,8 @@ def test_a_row_at_exactly_the_watermark_is_late_as_in_spark():
     LessThanOrEqual; checked on Spark 4.3: a row at the watermark never reaches the function)."""
     rec = Recorder(event_timeout_fn(100_000))
     runner = event_runner(rec, watermark_delay_ms=1_000)
-    runner.process(frame(k=[1], ts=[10_000]))  # watermark for the next batch: 9000
+    runner.process(frame(k=[1], ts=[10_000]))  # the next batch runs with watermark 9000
+    runner.process(frame(k=[3], ts=[9_500]))  # and filters the batch after it by 9000
     runner.process(frame(k=[2], ts=[9_000]))
     assert rec.rows_of((2,), "ts") == []
 

@@ -325,10 +325,9 @@ def test_event_time_timeouts_and_late_rows_equal_apply_in_pandas_with_state(spar
         batch([1, 1, 2], [1_000, 2_000, 3_000]),
         batch([3], [100_000]),  # the watermark of batch 2 becomes 95 s: user 2's session (13 s) closes there
         batch([4, 1], [200_000, 150_000]),
-        # Watermark 195 s: the sessions of users 1 (160 s) and 3 (110 s) close. User 5's row (50 s) is late
-        # for both rules in use: Spark drops a row at or before the previous batch's watermark (95 s here)
-        # when batches run back to back, and at or before the current one after a batch without data;
-        # run_stream, which runs no batch without data, drops at or before the current one.
+        # Watermark 195 s: the sessions of users 1 (160 s) and 3 (110 s) close. User 5's row (50 s) is late:
+        # it is at or before the watermark the previous batch ran with (95 s), which late rows are
+        # filtered by, in Spark and in run_stream.
         batch([6, 5], [300_000, 50_000]),
     ]
     source = write_batches(str(tmp_path / "in"), frames)

@@ -260,16 +260,25 @@ def _storage(plan: TaskPlan) -> CheckpointStorage:
     return CheckpointStorage.of(plan.location, storage_options=plan.storage_options, checkpoint_key=plan.checkpoint_key)
 
 
-def _counters(instance: OperatorInstance) -> dict[str, float]:
+def _counters(instance: OperatorInstance) -> tuple[dict[str, float], dict[str, float]]:
+    """The instance's counters (to subtract across a batch) and its gauges (the values now)."""
     stats = instance.stats()
-    out = {name: float(stats[name]) for name in ("rows_in", "flushes", "calls", "timeouts", "rows_out")}
+    counters = {name: float(stats[name]) for name in ("rows_in", "flushes", "calls", "timeouts", "rows_out")}
     if "late_rows" in stats:  # a windowed aggregate's rows of closed windows
-        out["late_rows"] = float(stats["late_rows"])
+        counters["late_rows"] = float(stats["late_rows"])
+    gauges = {"pending_keys": float(len(instance.buffer)), "timers": float(stats["timers"])}
     caches = [cache.stats() for cache in instance.caches]  # the state's, or each processor variable's
     if caches:
         for name in ("hits", "misses", "evictions", "syncs", "writes"):
-            out[f"cache_{name}"] = float(sum(c[name] for c in caches))
-    return out
+            counters[f"cache_{name}"] = float(sum(c[name] for c in caches))
+        gauges.update(
+            cache_entries=float(sum(c["entries"] for c in caches)),
+            cache_estimated_bytes=float(sum(c["estimated_bytes"] for c in caches)),
+        )
+        granted = [c["granted_bytes"] for c in caches if c["granted_bytes"] is not None]
+        if granted:
+            gauges["cache_granted_bytes"] = float(sum(granted))
+    return counters, gauges
 
 
 def _frame(plan: TaskPlan, frames: list[pd.DataFrame]) -> Optional[pd.DataFrame]:
@@ -336,7 +345,7 @@ def _run_task(
         if instance is None:
             instance, starts[index] = _workers.instance_for(plan, storage, index, context)
             instances[index] = instance
-            before[index] = _counters(instance)
+            before[index] = _counters(instance)[0]
             if plan.initial_state is not None and context.previous_version is None:
                 instance.apply_initial_state(
                     _rows_of_instance(plan, plan.initial_state, index), context.processing_time_ms, context.watermark_ms
@@ -396,23 +405,9 @@ def _run_task(
         checkpoint_started = time.perf_counter()
         report = instance.checkpoint(context.version, previous)
         checkpoint_seconds = time.perf_counter() - checkpoint_started
-        after = _counters(instance)
+        after, gauges = _counters(instance)
         metrics = {name: after[name] - before[index].get(name, 0.0) for name in after}
-        caches = [cache.stats() for cache in instance.caches]
-        if caches:  # gauges, not counters: the values now, over every cache of the instance
-            metrics.update(
-                cache_entries=float(sum(c["entries"] for c in caches)),
-                cache_estimated_bytes=float(sum(c["estimated_bytes"] for c in caches)),
-            )
-            granted = [c["granted_bytes"] for c in caches if c["granted_bytes"] is not None]
-            if granted:
-                metrics["cache_granted_bytes"] = float(sum(granted))
-        metrics.update(
-            checkpoint_bytes=float(report.bytes),
-            checkpoint_seconds=checkpoint_seconds,
-            pending_keys=float(len(instance.buffer)),
-            timers=float(instance.stats()["timers"]),
-        )
+        metrics.update(gauges, checkpoint_bytes=float(report.bytes), checkpoint_seconds=checkpoint_seconds)
         reports.append(InstanceReport(instance=index, start=starts[index], report=report, metrics=metrics))
     # Hand the working stores over only once every instance has checkpointed.
     for index, instance in instances.items():

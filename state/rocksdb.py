@@ -360,13 +360,16 @@ class RocksDBStore(Store):
             nkeys.append(nkey)
             raws.append(raw)
         raw_keys = self._encode_many(nkeys)
-        for raw_key, raw in zip(raw_keys, raws):
-            if raw is None:
-                delete(raw_key)
-            else:
-                put(raw_key, raw)
-            if changed is not None:
-                changed.add(raw_key)
+        if None in raws:
+            for raw_key, raw in zip(raw_keys, raws):
+                if raw is None:
+                    delete(raw_key)
+                else:
+                    put(raw_key, raw)
+        else:
+            deque(map(put, raw_keys, raws), maxlen=0)  # no per-entry Python bytecode
+        if changed is not None:
+            changed.update(raw_keys)
         if batch.len():
             self._cf.write(batch)
 

@@ -113,28 +113,24 @@ def columns(frame: pd.DataFrame, partials: list[SqlPartial]) -> dict[str, Any]:
 
 
 def accumulators(frame: pd.DataFrame, partials: list[SqlPartial]) -> list[dict[str, Any]]:
-    """One accumulator ``{output: partial}`` per row of a combined frame (worker side)."""
-    columns: dict[str, list[Any]] = {}
-    for p in partials:
+    """One accumulator ``{output: partial}`` per row of a combined frame (worker side): :func:`columns`, row by row.
+
+    A sum or a pick with no non-null value is None, a mean ``(sum, count)``, a
+    sketch a :class:`HllPartial`.
+    """
+    per_output: dict[str, list[Any]] = {}
+    for p, (name, column) in zip(partials, columns(frame, partials).items()):
         if p.kind == "count":
-            columns[p.name] = frame[p.columns[0]].astype("int64").tolist()
-        elif p.kind == "sum":
-            sums, counts = frame[p.columns[0]].astype("int64").tolist(), frame[p.columns[1]].tolist()
-            columns[p.name] = [s if n else None for s, n in zip(sums, counts)]
-        elif p.kind == "mean":
-            sums, counts = frame[p.columns[0]].astype("int64").tolist(), frame[p.columns[1]].astype("int64").tolist()
-            columns[p.name] = [(s, n) if n else (0, 0) for s, n in zip(sums, counts)]
-        elif p.kind == "pick_int":
-            values, counts = frame[p.columns[0]].astype("int64").tolist(), frame[p.columns[1]].tolist()
-            columns[p.name] = [v if n else None for v, n in zip(values, counts)]
-        elif p.kind == "pick_str":
-            values, counts = frame[p.columns[0]].tolist(), frame[p.columns[1]].tolist()
-            columns[p.name] = [v if n else None for v, n in zip(values, counts)]
+            per_output[name] = column.tolist()
         elif p.kind == "hll":
             deserialize = _datasketches().hll_sketch.deserialize
-            columns[p.name] = [
-                HllPartial(deserialize(b if type(b) is bytes else bytes(b))) for b in frame[p.columns[0]].tolist()
-            ]
-    names = [p.name for p in partials]
-    return [dict(zip(names, values)) for values in zip(*(columns[n] for n in names))]
-
+            per_output[name] = [HllPartial(deserialize(b if type(b) is bytes else bytes(b))) for b in column]
+        else:
+            values, counts = column
+            values = values if isinstance(values, list) else values.tolist()
+            if p.kind == "mean":
+                per_output[name] = [(v, n) if n else (0, 0) for v, n in zip(values, counts.tolist())]
+            else:  # sum, pick_int, pick_str
+                per_output[name] = [v if n else None for v, n in zip(values, counts.tolist())]
+    names = list(per_output)
+    return [dict(zip(names, values)) for values in zip(*per_output.values())]

@@ -10,7 +10,7 @@ from pyspark.sql.types import DoubleType, LongType, StringType, StructField, Str
 import buffering
 from buffering import ApproxDistinct, Count, First, Max, Mean, Min, Sum
 from buffering.aggregations import Aggregations
-from buffering.spark._sql_combine import sql_partials
+from buffering.spark._sql_combine import accumulators, sql_partials
 
 from .helpers import all_rows, collect_sink, stream_of, write_batches
 
@@ -31,6 +31,27 @@ def test_integral_and_string_aggregations_have_sql_twins():
 )
 def test_aggregations_without_an_exact_sql_twin_fall_back_to_python(agg):
     assert sql_partials(Aggregations({"a": agg}), SCHEMA) is None
+
+
+def test_each_rows_accumulator_holds_its_partials_with_none_where_no_value_was_non_null():
+    datasketches = pytest.importorskip("datasketches")
+    sketch = datasketches.hll_sketch(12)
+    sketch.update("a")
+    aggs = Aggregations({"n": Count(), "sx": Sum("x"), "mx": Mean("x"), "lo": Min("s"), "hi": Max("x"), "u": ApproxDistinct("s")})
+    partials = sql_partials(aggs, SCHEMA)
+    values = {
+        "count": [[3, 1]],
+        "sum": [[2**60, 0], [2, 0]],
+        "mean": [[9, 0], [3, 0]],
+        "pick_str": [["b", None], [1, 0]],
+        "pick_int": [[-7, 0], [2, 0]],
+        "hll": [[sketch.serialize_compact(), bytearray(sketch.serialize_compact())]],
+    }
+    frame = pd.DataFrame({c: v for p in partials for c, v in zip(p.columns, values[p.kind])})
+    first, second = accumulators(frame, partials)
+    assert {k: v for k, v in first.items() if k != "u"} == {"n": 3, "sx": 2**60, "mx": (9, 3), "lo": "b", "hi": -7}
+    assert {k: v for k, v in second.items() if k != "u"} == {"n": 1, "sx": None, "mx": (0, 0), "lo": None, "hi": None}
+    assert [round(a["u"].estimate()) for a in (first, second)] == [1, 1]
 
 
 @pytest.mark.spark

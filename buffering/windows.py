@@ -474,7 +474,7 @@ class WindowRuntime:
             return []
         out: list[pd.DataFrame] = []
         if self.config.emit == "watermark":
-            values = instance.state.get_many(keys)
+            values = _pop_closed(instance, keys)
             present = [i for i, v in enumerate(values) if v is not None]
             if len(present) != len(keys):
                 keys, values = [keys[i] for i in present], [values[i] for i in present]
@@ -482,7 +482,8 @@ class WindowRuntime:
                 out.append(self._fixed_frame(keys, None, instance, self.layout.results(self.layout.decode(values))))
             else:
                 out.append(self._fixed_frame(keys, values, instance))
-        _delete_closed(instance, keys)
+        else:
+            _delete_closed(instance, keys)
         instance.metrics.expired += len(keys)
         return out
 
@@ -588,6 +589,17 @@ def _take(column: Any, keep: np.ndarray) -> Any:
     if isinstance(column, np.ndarray):
         return column[keep]
     return [column[i] for i in keep.tolist()]
+
+
+def _pop_closed(instance: "OperatorInstance", keys: list[NormalizedKey]) -> list[Any]:
+    """Closed windows' values (None where a window has none), their state deleted; a cache keeps no
+    entry for them on the way (they are never read again)."""
+    pop_many = getattr(instance.state, "pop_many", None)
+    if pop_many is not None:
+        return pop_many(keys)
+    values = instance.state.get_many(keys)
+    instance.state.delete_many(keys)
+    return values
 
 
 def _delete_closed(instance: "OperatorInstance", keys: list[NormalizedKey]) -> None:

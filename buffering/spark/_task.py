@@ -559,11 +559,14 @@ def host_instance(
 
 
 def _normalized_keys(frame: pd.DataFrame, key_columns: list[str]) -> list[Any]:
+    columns = [frame[c] for c in key_columns]
+    if all(column.dtype == np.int64 for column in columns):
+        # An int64 is its own normalized element (a bare int of 64 bits); so is a tuple of them.
+        if len(columns) == 1:
+            return columns[0].tolist()
+        return list(zip(*(column.tolist() for column in columns)))
     if len(key_columns) == 1:
-        column = frame[key_columns[0]]
-        if column.dtype == np.int64:  # an int64 is its own normalized key (a bare int of 64 bits)
-            return column.tolist()
-        return [normalize_key(v) for v in column.tolist()]
+        return [normalize_key(v) for v in columns[0].tolist()]
     return [normalize_key(tuple(row)) for row in frame[key_columns].itertuples(index=False, name=None)]
 
 

@@ -368,6 +368,39 @@ class WriteBackCache(Store):
         for nkey in checked:
             self.delete(nkey)
 
+    def pop_many(self, keys: Iterable[Any], default: Any = None) -> list[Any]:
+        """Delete distinct ``keys`` and return their values (``default`` where absent), caching nothing.
+
+        What closing a window does: its state is read once more and deleted, and
+        is never read again, so no key is inserted (or moved) in the cache's
+        table on the way: a value not cached is read from the backend in one
+        batch, each delete goes towards the backend as :meth:`delete_uncached`'s
+        do. Every key is validated before anything is deleted. O(len(keys)).
+        """
+        checked = [normalize_key(k) for k in keys]
+        if len(set(checked)) != len(checked):
+            raise ValueError("pop_many takes distinct keys")
+        if self._closed:
+            raise StoreClosedError(f"cache {self.cache_name!r} is closed")
+        table, pending, remove = self._table, self._pending, self._policy.remove
+        out: list[Any] = [MISSING] * len(checked)
+        to_load: list[int] = []
+        for i, nkey in enumerate(checked):
+            if nkey in table:
+                out[i] = remove(nkey)
+            elif nkey in pending:
+                raw = pending[nkey]
+                if raw is not None:
+                    out[i] = self._loads(raw)
+            else:
+                to_load.append(i)
+        if to_load:
+            self._misses += len(to_load)
+            for i, value in zip(to_load, self._backend._load_many([checked[i] for i in to_load])):
+                out[i] = value
+        self._delete_uncached(checked)
+        return [default if v is MISSING else v for v in out]
+
     def delete_uncached(self, keys: Iterable[Any]) -> None:
         """Delete keys that will not be read again, keeping no entry for them in the cache.
 
@@ -378,7 +411,9 @@ class WriteBackCache(Store):
         the write buffer until the next flush; a read meanwhile sees it gone).
         Every key is validated before anything is deleted.
         """
-        checked = [normalize_key(k) for k in keys]
+        self._delete_uncached([normalize_key(k) for k in keys])
+
+    def _delete_uncached(self, checked: list[NormalizedKey]) -> None:
         if self._closed:
             raise StoreClosedError(f"cache {self.cache_name!r} is closed")
         table, dirty, remove = self._table, self._dirty, self._policy.remove

@@ -737,3 +737,28 @@ def test_delete_uncached_removes_the_keys_from_cache_and_backend_and_keeps_no_en
         assert backend.get(2) == 2
     finally:
         cache.close()
+
+
+@pytest.mark.parametrize("backend_kind", ["memory", "rocksdb"])
+def test_pop_many_returns_the_values_deletes_them_and_caches_none_of_them(tmp_path, backend_kind):
+    backend = MemoryStore() if backend_kind == "memory" else RocksDBStore(tmp_path / "db")
+    cache = WriteBackCache(backend, max_entries=4)
+    try:
+        cache.put_many((k, f"v{k}") for k in range(10))  # 0..5 evicted towards the backend, 6..9 cached
+        cache.put(8, "dirty")
+        assert cache.pop_many([1, 7, 8, 99], default="-") == ["v1", "v7", "dirty", "-"]
+        assert len(cache) == 2  # 6 and 9: nothing read was inserted, nothing live pushed out
+        assert cache.get_many([1, 7, 8]) == [None] * 3
+        cache.flush()
+        assert [backend.get(k) for k in (1, 7, 8)] == [None, None, None]
+        assert backend.get(2) == "v2"
+    finally:
+        cache.close()
+
+
+def test_pop_many_refuses_repeated_keys_before_deleting_anything():
+    cache = WriteBackCache(MemoryStore(), max_entries=10)
+    cache.put(1, "a")
+    with pytest.raises(ValueError, match="distinct"):
+        cache.pop_many([1, 1])
+    assert cache.get(1) == "a"

@@ -347,11 +347,6 @@ class RocksDBStore(Store):
         self._write_serialized([(k, None if v is MISSING else dumps(v)) for k, v in items])
 
     def _write_serialized(self, items: Iterable[tuple[NormalizedKey, bytes | None]]) -> None:
-        batch = WriteBatch(raw_mode=True)
-        batch.set_default_column_family(self._handle)
-        put = batch.put
-        delete = batch.delete
-        changed = self._changed
         # Two lists rather than a list of pairs: a flush of thousands of entries then allocates no
         # container the garbage collector tracks (a full collection over a big cache takes 0.5 s).
         nkeys: list[NormalizedKey] = []
@@ -360,16 +355,24 @@ class RocksDBStore(Store):
             nkeys.append(nkey)
             raws.append(raw)
         raw_keys = self._encode_many(nkeys)
-        if None in raws:
-            for raw_key, raw in zip(raw_keys, raws):
-                if raw is None:
+        if self._changed is not None:
+            self._changed.update(raw_keys)
+        self._write_batch(raw_keys, raws)
+
+    def _write_batch(self, keys: Sequence[bytes], values: Sequence[bytes | None]) -> None:
+        """One write batch of raw keys and their values (None deletes)."""
+        batch = WriteBatch(raw_mode=True)
+        batch.set_default_column_family(self._handle)
+        put = batch.put
+        if None in values:
+            delete = batch.delete
+            for raw_key, raw_value in zip(keys, values):
+                if raw_value is None:
                     delete(raw_key)
                 else:
-                    put(raw_key, raw)
+                    put(raw_key, raw_value)
         else:
-            deque(map(put, raw_keys, raws), maxlen=0)  # no per-entry Python bytecode
-        if changed is not None:
-            changed.update(raw_keys)
+            deque(map(put, keys, values), maxlen=0)  # no per-entry Python bytecode
         if batch.len():
             self._cf.write(batch)
 
@@ -504,20 +507,7 @@ class RocksDBStore(Store):
         """:meth:`write_raw` of parallel sequences of raw keys and values (None deletes), in one write batch."""
         if len(keys) != len(values):
             raise ValueError(f"{len(keys)} keys but {len(values)} values")
-        batch = WriteBatch(raw_mode=True)
-        batch.set_default_column_family(self._handle)
-        put = batch.put
-        if None in values:
-            delete = batch.delete
-            for raw_key, raw_value in zip(keys, values):
-                if raw_value is None:
-                    delete(raw_key)
-                else:
-                    put(raw_key, raw_value)
-        else:
-            deque(map(put, keys, values), maxlen=0)  # no per-entry Python bytecode
-        if batch.len():
-            self._cf.write(batch)
+        self._write_batch(keys, values)
 
     def ingest_sst_files(self, paths: Sequence[str]) -> None:
         """Bulk-load SST files (built with this table's raw keys); files on the same filesystem are moved in."""

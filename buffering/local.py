@@ -361,7 +361,7 @@ class LocalRunner:
             )
             max_event_time = max(max_event_time, batch_max)
             for i, part in self._parts(frame):
-                outputs.extend(instances[i].process(part, processing_time, watermark))
+                outputs.extend(instances[i].process(part, processing_time, watermark, late_watermark))
         for instance in instances:
             outputs.extend(instance.end_of_batch(processing_time, watermark))
         dropped_late += sum(instance.metrics.late_rows for instance in instances) - late_before

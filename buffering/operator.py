@@ -491,12 +491,20 @@ class OperatorInstance:
         self._pending_keys = set(snapshot)
 
     # ------------------------------------------------------------ processing
-    def process(self, frame: pd.DataFrame, processing_time_ms: int, watermark_ms: int) -> list[pd.DataFrame]:
-        """Buffer ``frame``; flush whenever a trigger fires; return the outputs."""
+    def process(
+        self, frame: pd.DataFrame, processing_time_ms: int, watermark_ms: int, late_watermark_ms: Optional[int] = None
+    ) -> list[pd.DataFrame]:
+        """Buffer ``frame``; flush whenever a trigger fires; return the outputs.
+
+        ``late_watermark_ms``: a windowed aggregate drops the rows of windows that this
+        watermark closes (Spark's watermark for late events: the one the previous batch
+        ran with); None: ``watermark_ms``.
+        """
         outputs: list[pd.DataFrame] = []
         self.metrics.rows_in += len(frame)
         if self.windows is not None and len(frame):
-            frame, late = self.windows.assign(frame, watermark_ms)  # (row, window) pairs of open windows
+            late_wm = watermark_ms if late_watermark_ms is None else late_watermark_ms
+            frame, late = self.windows.assign(frame, late_wm)  # (row, window) pairs of open windows
             self.metrics.late_rows += late
         n = len(frame)
         start = 0
@@ -520,15 +528,17 @@ class OperatorInstance:
         rows: list[int],
         processing_time_ms: int,
         watermark_ms: int,
+        late_watermark_ms: Optional[int] = None,
     ) -> list[pd.DataFrame]:
         """Buffer accumulators combined before a shuffle (one per key); flush when a trigger fires.
 
         The count trigger is checked after the whole chunk: an accumulator
-        stands for many rows and cannot be split.
+        stands for many rows and cannot be split. ``late_watermark_ms`` as for :meth:`process`.
         """
         self.metrics.rows_in += sum(rows)
         if self.windows is not None:  # combined per (key..., window start): closed windows' are late
-            nkeys, accumulators, rows, late = self.windows.drop_late_accumulators(nkeys, accumulators, rows, watermark_ms)
+            late_wm = watermark_ms if late_watermark_ms is None else late_watermark_ms
+            nkeys, accumulators, rows, late = self.windows.drop_late_accumulators(nkeys, accumulators, rows, late_wm)
             self.metrics.late_rows += late
         self.buffer.add_accumulators(nkeys, accumulators, rows, processing_time_ms)
         config = self.spec.mini_batch
@@ -678,6 +688,7 @@ class OperatorInstance:
         rows: list[int],
         processing_time_ms: int,
         watermark_ms: int = NO_TIMESTAMP,
+        late_watermark_ms: Optional[int] = None,
     ) -> Optional[list[pd.DataFrame]]:
         """Merge partials combined before the shuffle, one row per key, given as columns; None when this
         operator buffers them instead (it has a trigger: use :meth:`process_accumulators`).
@@ -685,7 +696,8 @@ class OperatorInstance:
         ``partials``: per output, the partials of the rows (ints for counts,
         DataSketches sketch bytes for ``ApproxDistinct``, ``(values, non-null
         counts)`` for sums, means and picks). A windowed aggregate's keys end
-        with the window start; rows of closed windows are dropped and counted.
+        with the window start; rows of windows that ``late_watermark_ms`` closes
+        (None: ``watermark_ms``) are dropped and counted, as for :meth:`process`.
         """
         if not self.merges_columns:
             return None
@@ -694,7 +706,8 @@ class OperatorInstance:
             return []
         self.metrics.flushes += 1
         if self.windows is not None:
-            return self.windows.merge_columns(self, nkeys, partials, rows, watermark_ms)
+            late_wm = watermark_ms if late_watermark_ms is None else late_watermark_ms
+            return self.windows.merge_columns(self, nkeys, partials, rows, late_wm)
         assert self.columnar is not None
         return [self._merge_columns(nkeys, self.columnar.from_columns(partials), processing_time_ms, key_frame)]
 

@@ -18,7 +18,10 @@ A window closes when the watermark reaches its end + ``grace``
 (``end + grace <= watermark``, Spark's eviction rule with grace 0); its state
 is then deleted. A (row, window) pair whose window has already closed is late:
 it is dropped and counted (``late_rows`` in the instance stats,
-``dropped_late_rows`` in the runners' batch metrics). Results carry the key
+``dropped_late_rows`` in the runners' batch metrics). As in Spark, "already"
+means by the watermark the previous batch ran with (the runners pass it as the
+late-rows watermark), so a row behind the batch's own watermark but not the
+previous one is counted in its window, which the batch then closes. Results carry the key
 columns, ``window_start`` and ``window_end`` (UTC timestamps, end exclusive),
 then the outputs; ``emit="watermark"`` emits each window once, when it
 closes (Spark's append mode), ``emit="update"`` emits every window a batch

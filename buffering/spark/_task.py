@@ -354,7 +354,7 @@ def _run_task(
 
     if 0 <= partition_id < plan.parallelism:
         get(partition_id)
-    now, watermark = context.processing_time_ms, context.watermark_ms
+    now, watermark, late_watermark = context.processing_time_ms, context.watermark_ms, context.late_rows_watermark_ms
     for frame in batches:
         if not len(frame):
             continue
@@ -372,7 +372,9 @@ def _run_task(
                 direct = None
                 if plan.combine == "sql" and instance.merges_columns:
                     columns = sql_columns(part, list(plan.sql_partials))
-                    direct = instance.process_columns(nkeys, part[plan.key_columns], columns, rows, now, watermark)
+                    direct = instance.process_columns(
+                        nkeys, part[plan.key_columns], columns, rows, now, watermark, late_watermark
+                    )
                 if direct is not None:
                     out = direct
                 else:
@@ -380,12 +382,12 @@ def _run_task(
                         accumulators = sql_accumulators(part, list(plan.sql_partials))
                     else:
                         accumulators = [pickle.loads(b) for b in part[ACCUMULATOR_COLUMN].tolist()]
-                    out = instance.process_accumulators(nkeys, accumulators, rows, now, watermark)
+                    out = instance.process_accumulators(nkeys, accumulators, rows, now, watermark, late_watermark)
             else:
-                part, late, event = drop_late_rows(plan, part, context.late_rows_watermark_ms)
+                part, late, event = drop_late_rows(plan, part, late_watermark)
                 dropped += late
                 max_event = max(max_event, event)
-                out = instance.process(part, now, watermark)
+                out = instance.process(part, now, watermark, late_watermark)
             result = _frame(plan, out)
             if result is not None:
                 if collected is None:

@@ -206,18 +206,31 @@ def test_grace_keeps_a_window_open_for_rows_after_its_end():
     assert table([out]) == {(1, 0, 10 * SECOND): (2, 6)}
 
 
-def test_rows_of_closed_windows_are_dropped_and_counted_in_the_batch_stats():
+def test_rows_of_windows_the_previous_batchs_watermark_closed_are_dropped_and_counted_in_the_batch_stats():
     runner = LocalRunner(aggregate(AGGS, window=Tumbling("10s")), key="k", event_time="ts")
-    runner.process(rows([1, 1], [1 * SECOND, 30 * SECOND]))  # the next batch's watermark: 30 s
+    runner.process(rows([1, 1], [1 * SECOND, 30 * SECOND]))  # the next batch runs with watermark 30 s
+    closed = runner.process(rows([9], [30 * SECOND]))  # closes [0, 10 s); the batch after filters by 30 s
     out = runner.process(rows([1, 1, 2, 1], [2 * SECOND, 25 * SECOND, 29_999, 31 * SECOND]))
-    assert runner.stats()["dropped_late_rows"] == 3  # [0, 10 s) and [20 s, 30 s) have closed
-    assert table([out]) == {(1, 0, 10 * SECOND): (1, 0)}  # closed by this batch's watermark, without the late row
-    assert runner.state() == {(1, 30 * SECOND): {"n": 2, "s": 4}}
+    assert runner.stats()["dropped_late_rows"] == 3  # [0, 10 s) and [20 s, 30 s) closed by 30 s
+    assert table([closed]) == {(1, 0, 10 * SECOND): (1, 0)}
+    assert table([out]) == {}
+    assert {k: v for k, v in runner.state().items() if k[0] == 1} == {(1, 30 * SECOND): {"n": 2, "s": 4}}
+
+
+def test_a_row_behind_the_watermark_but_not_the_previous_batchs_is_counted_as_in_spark():
+    """Spark filters a batch's rows by its watermark for late events (the one the previous batch ran
+    with) and closes windows by the batch's own (tests/spark/test_windows_parity.py checks it on Spark)."""
+    runner = LocalRunner(aggregate(AGGS, window=Tumbling("10s")), key="k", event_time="ts")
+    runner.process(rows([1, 1], [1 * SECOND, 30 * SECOND]))  # the next batch runs with 30 s, filters by 0
+    out = runner.process(rows([1, 1, 2, 1], [2 * SECOND, 25 * SECOND, 29_999, 31 * SECOND]))
+    assert runner.stats()["dropped_late_rows"] == 0
+    assert table([out]) == {(1, 0, 10 * SECOND): (2, 0), (1, 20 * SECOND, 30 * SECOND): (1, 1), (2, 20 * SECOND, 30 * SECOND): (1, 2)}
 
 
 def test_a_hopping_row_late_for_some_of_its_windows_counts_once_per_closed_window():
     runner = LocalRunner(aggregate(AGGS, window=Hopping("10s", "5s")), key="k", event_time="ts")
-    runner.process(rows([1], [20 * SECOND]))  # watermark 20 s
+    runner.process(rows([1], [20 * SECOND]))  # the next batch runs with watermark 20 s
+    runner.process(rows([9], [20 * SECOND]))  # the batch after it filters by 20 s
     runner.process(rows([1], [17 * SECOND], [3]))  # windows [10 s, 20 s) closed, [15 s, 25 s) open
     assert runner.stats()["dropped_late_rows"] == 1
     assert runner.state()[(1, 15 * SECOND)] == {"n": 2, "s": 3}
@@ -225,7 +238,8 @@ def test_a_hopping_row_late_for_some_of_its_windows_counts_once_per_closed_windo
 
 def test_a_row_whose_own_session_closed_is_late():
     runner = LocalRunner(aggregate(AGGS, window=Session("5s")), key="k", event_time="ts")
-    runner.process(rows([1], [30 * SECOND]))  # watermark 30 s
+    runner.process(rows([1], [30 * SECOND]))  # the next batch runs with watermark 30 s
+    runner.process(rows([9], [30 * SECOND]))  # the batch after it filters by 30 s
     runner.process(rows([2, 2], [20 * SECOND, 26 * SECOND]))  # [20 s, 25 s) closed; [26 s, 31 s) open
     assert runner.stats()["dropped_late_rows"] == 1
     assert runner.get_state(2) == [[26 * SECOND, 31 * SECOND, {"n": 1, "s": 1}]]

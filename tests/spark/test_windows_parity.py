@@ -1,11 +1,12 @@
 """Windowed aggregate under run_stream equals Spark's own groupBy(window(...) / session_window(...), key) with
 withWatermark in append mode, on the same files (one micro-batch per file).
 
-The input keeps clear of the one known difference in late rows (Spark filters by
-the previous batch's watermark when batches run back to back, run_stream by the
-current one): every row is either on time for both or late for both. Two
-closing files with a far-future row of key -1 move both watermarks past every
-other window; that key is left out of the comparison.
+Both filter a batch's rows by the watermark the previous batch ran with (Spark's
+watermark for late events) and close windows by the batch's own; a row between
+the two is counted (test_a_row_behind_the_watermark_but_not_the_previous_batchs_counts_as_in_spark).
+Spark runs a batch without data when its watermark moves and run_stream does
+not, so two closing files with a far-future row of key -1 move both watermarks
+past every other window; that key is left out of the comparison.
 """
 
 from __future__ import annotations
@@ -49,8 +50,7 @@ def inputs(seed: int, size_ms: int, n: int = 6) -> tuple[list[pd.DataFrame], int
         k = list(rng.integers(0, 6, count))
         ts = list(rng.integers(b * SPAN, (b + 1) * SPAN, count))
         if b >= 4:
-            # Spark's late-events watermark of batch b is >= (b - 3) * SPAN: windows ending before are closed
-            # for both (run_stream's watermark is later still).
+            # The late-events watermark of batch b is >= (b - 3) * SPAN: windows ending before are closed.
             lo, hi = (b - 4) * SPAN, (b - 3) * SPAN - size_ms
             extra = int(rng.integers(1, 4))
             k += list(rng.integers(0, 6, extra))
@@ -217,3 +217,33 @@ def test_windows_under_executor_placement_give_sparks_rows(spark, tmp_path):
     query.awaitTermination()
     assert query.runner.combine == "none"  # the hosted plan's combine is Python's: windows go as rows
     pd.testing.assert_frame_equal(_rows(out), expected)
+
+
+@pytest.mark.parametrize(
+    "name, window, spark_window",
+    [
+        ("tumbling", Tumbling("10 seconds"), ("window", "10 seconds")),
+        ("hopping", Hopping("10 seconds", "4 seconds"), ("window", "10 seconds", "4 seconds")),
+        ("session", Session("3 seconds"), ("session_window", "3 seconds")),
+    ],
+)
+def test_a_row_behind_the_watermark_but_not_the_previous_batchs_counts_as_in_spark(spark, tmp_path, name, window, spark_window):
+    """Batch 3 runs with watermark 39.9 s and filters late rows by batch 2's, 19.9 s: its row at 25 s is
+    counted in its windows (which batch 3 closes), as Spark's late-events watermark rule counts it."""
+    from pyspark.sql import functions as F
+
+    frames = [
+        _frame([1, 2], [0, 19_900], [1, 1]),
+        _frame([1, 2], [20_000, 39_900], [1, 1]),
+        _frame([1, 2], [40_000, 59_900], [1, 1]),
+        _frame([1, 2, 1], [60_000, 79_900, 25_000], [1, 1, 5]),
+        _frame([-1], [FAR], [0]),
+        _frame([-1], [FAR + 1], [0]),
+    ]
+    source = write_batches(str(tmp_path / "in"), frames)
+    function, *args = spark_window
+    expected = spark_rows(spark, source, str(tmp_path / "spark-ck"), getattr(F, function)("ts", *args))
+    got, dropped = opbuffer_rows(spark, source, str(tmp_path / "ck"), window)
+    assert expected.loc[expected["k"] == 1, "s"].max() >= 5  # Spark counted the row at 25 s
+    pd.testing.assert_frame_equal(got, expected)
+    assert dropped == 0

@@ -45,10 +45,9 @@ import shutil
 import tempfile
 import time
 import warnings
-from bisect import bisect_left
-from collections import defaultdict, deque
+from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Mapping
 
 from rocksdict import Options, SstFileWriter
 
@@ -211,15 +210,19 @@ class CheckpointWriter:
             groups = list(self.key_groups)
         else:
             assert changes is not None
+            lo, hi = self.key_groups.start, self.key_groups.stop
             for name, raw_keys in changes.items():
                 if name not in tables:
                     raise ValueError(f"changes name table {name!r}, which is not in tables")
-                for g, raws in _by_key_group(sorted(raw_keys)):
-                    if g not in self.key_groups:
+                per_group: dict[int, list[bytes]] = defaultdict(list)
+                for raw in raw_keys:
+                    per_group[key_group_of_raw(raw)].append(raw)
+                for g, raws in per_group.items():
+                    if not lo <= g < hi:
                         raise ValueError(
                             f"table {name!r} changed a key of key group {g}, outside this task's {self.key_groups}"
                         )
-                    changed[g][name] = raws
+                    changed[g][name] = sorted(raws)
             groups = sorted(changed)
 
         report_args: dict[str, Any] = dict(
@@ -412,7 +415,8 @@ class CheckpointWriter:
         def add(g: int, keys: list[bytes], values: list[bytes]) -> None:
             assert writer is not None
             try:
-                deque(map(writer.__setitem__, keys, values), maxlen=0)  # no per-entry bytecode
+                for k, v in zip(keys, values):
+                    writer[k] = v
             except Exception as exc:  # rocksdict raises plain Exception
                 raise _SstBuildError(str(exc)) from exc
             in_file.append(g)
@@ -420,11 +424,14 @@ class CheckpointWriter:
             per_group.append((g, len(keys), None))
 
         for g in run:
-            entries = list(table.iter_raw(range(g, g + 1)))
-            if not entries:
+            keys: list[bytes] = []
+            values: list[bytes] = []
+            add_key, add_value = keys.append, values.append
+            for k, v in table.iter_raw(range(g, g + 1)):
+                add_key(k)
+                add_value(v)
+            if not keys:
                 continue
-            keys, values = map(list, zip(*entries))
-            del entries
             if writer is not None:
                 add(g, keys, values)
                 continue
@@ -489,17 +496,6 @@ class _Snapshot:
 
 class _SstBuildError(Exception):
     """Building an SST file in the temp directory failed."""
-
-
-def _by_key_group(raw_keys: list[bytes]) -> Iterator[tuple[int, list[bytes]]]:
-    """``(key group, its keys)`` of sorted raw keys, in order: a key group's keys are one slice, found by
-    bisection (the key group is a key's first two bytes, big-endian), not by a look at every key."""
-    start, n = 0, len(raw_keys)
-    while start < n:
-        g = key_group_of_raw(raw_keys[start])
-        end = bisect_left(raw_keys, (g + 1).to_bytes(2, "big"), start) if g < 0xFFFF else n
-        yield g, raw_keys[start:end]
-        start = end
 
 
 def sst_file_name(task_file: str, lo: int, hi: int, table_index: int) -> str:

@@ -116,6 +116,11 @@ class RunnerSettings(Protocol):
     def state_schema(self) -> Optional[StateSchema]: ...
 
 
+def _late_rows(watermark_ms: int, late_watermark_ms: Optional[int]) -> int:
+    """The watermark a windowed aggregate drops closed windows' rows by: the late-rows one, else the batch's."""
+    return watermark_ms if late_watermark_ms is None else late_watermark_ms
+
+
 class OperatorInstance:
     """The operator for the key groups of instance ``index`` of ``parallelism``."""
 
@@ -503,8 +508,7 @@ class OperatorInstance:
         outputs: list[pd.DataFrame] = []
         self.metrics.rows_in += len(frame)
         if self.windows is not None and len(frame):
-            late_wm = watermark_ms if late_watermark_ms is None else late_watermark_ms
-            frame, late = self.windows.assign(frame, late_wm)  # (row, window) pairs of open windows
+            frame, late = self.windows.assign(frame, _late_rows(watermark_ms, late_watermark_ms))  # open windows' pairs
             self.metrics.late_rows += late
         n = len(frame)
         start = 0
@@ -537,8 +541,9 @@ class OperatorInstance:
         """
         self.metrics.rows_in += sum(rows)
         if self.windows is not None:  # combined per (key..., window start): closed windows' are late
-            late_wm = watermark_ms if late_watermark_ms is None else late_watermark_ms
-            nkeys, accumulators, rows, late = self.windows.drop_late_accumulators(nkeys, accumulators, rows, late_wm)
+            nkeys, accumulators, rows, late = self.windows.drop_late_accumulators(
+                nkeys, accumulators, rows, _late_rows(watermark_ms, late_watermark_ms)
+            )
             self.metrics.late_rows += late
         self.buffer.add_accumulators(nkeys, accumulators, rows, processing_time_ms)
         config = self.spec.mini_batch
@@ -706,8 +711,7 @@ class OperatorInstance:
             return []
         self.metrics.flushes += 1
         if self.windows is not None:
-            late_wm = watermark_ms if late_watermark_ms is None else late_watermark_ms
-            return self.windows.merge_columns(self, nkeys, partials, rows, late_wm)
+            return self.windows.merge_columns(self, nkeys, partials, rows, _late_rows(watermark_ms, late_watermark_ms))
         assert self.columnar is not None
         return [self._merge_columns(nkeys, self.columnar.from_columns(partials), processing_time_ms, key_frame)]
 

@@ -386,3 +386,25 @@ def test_partials_of_closed_windows_given_as_columns_are_dropped_counted_and_not
     assert instance.metrics.calls == 1
     assert {k: dict(v) for k, v in instance.state_items().items()} == {(1, 120_000): {"n": 4}}
     instance.close()
+
+
+def test_a_batch_that_fails_while_closing_windows_leaves_them_open_and_a_retry_emits_each_once(monkeypatch, tmp_path):
+    from state.cache.writeback import WriteBackCache
+
+    frames = batches(2)
+    op = cached_state(max_entries=10_000)(aggregate(AGGS, window=Tumbling("10s")))
+    runner = LocalRunner(op, key="k", event_time="ts", watermark_delay_ms=20 * SECOND, clock=Clock(),
+                         checkpoint_location=str(tmp_path / "ck"))
+    outputs = [runner.process(f) for f in frames[:3]]
+    pop_many = WriteBackCache.pop_many
+
+    def pops_then_fails(self, keys, default=None):
+        pop_many(self, keys, default)  # the closed windows' state is gone when the failure comes
+        raise OSError("disk gone while closing windows")
+
+    monkeypatch.setattr(WriteBackCache, "pop_many", pops_then_fails)
+    with pytest.raises(OSError, match="closing windows"):
+        runner.process(frames[3])
+    monkeypatch.undo()
+    outputs += [runner.process(f) for f in frames[3:] + closing_batches()]
+    assert table(outputs) == fixed_reference(frames, 10 * SECOND, 10 * SECOND)

@@ -11,7 +11,7 @@ from .manager import (
     shared_manager,
 )
 from .policies import POLICIES, CachePolicy, ClockPolicy, LFUPolicy, LRUPolicy, check_policy_spec, make_policy
-from .writeback import StateSerializationError, WatermarkedWriteBackCache, WriteBackCache
+from .writeback import StateSerializationError, UnsizedWriteBackCache, WatermarkedWriteBackCache, WriteBackCache
 
 __all__ = [
     "CacheManager",
@@ -24,6 +24,7 @@ __all__ = [
     "MemoryReading",
     "POLICIES",
     "StateSerializationError",
+    "UnsizedWriteBackCache",
     "WatermarkedWriteBackCache",
     "WriteBackCache",
     "check_memory_budget",

@@ -576,11 +576,41 @@ def test_above_the_low_watermark_an_eviction_by_a_read_also_syncs(policy):
 def test_a_cache_with_watermarks_is_built_as_the_variant_whose_reads_advance_the_drain():
     from state.cache import WatermarkedWriteBackCache
 
-    plain = WriteBackCache(MemoryStore(), max_entries=20)
+    sized = WriteBackCache(MemoryStore(), max_entries=20, max_bytes=10_000)
     marked = WriteBackCache(MemoryStore(), max_entries=20, low_watermark=0.25, high_watermark=0.5)
-    assert type(plain) is WriteBackCache
+    assert type(sized) is WriteBackCache
     assert type(marked) is WatermarkedWriteBackCache
     assert isinstance(marked, WriteBackCache)
+
+
+def test_a_cache_without_byte_bound_manager_or_watermarks_is_built_as_the_variant_whose_puts_size_nothing():
+    from state.cache import CacheManager, UnsizedWriteBackCache
+
+    assert type(WriteBackCache(MemoryStore(), max_entries=20)) is UnsizedWriteBackCache
+    assert type(WriteBackCache(MemoryStore())) is UnsizedWriteBackCache
+    assert type(WriteBackCache(MemoryStore(), manager=CacheManager(1 << 20))) is WriteBackCache
+
+
+def test_a_cache_built_without_a_byte_bound_refuses_one_later_and_says_how_to_get_it():
+    cache = WriteBackCache(MemoryStore(), max_entries=20, name="counts")
+    cache.put(1, "x")
+    with pytest.raises(ValueError, match=r"'counts' was built without a byte bound.*max_bytes=.*max_bytes=2000"):
+        cache.resize(max_bytes=2_000)
+    assert cache.stats()["max_bytes"] is None
+    assert cache.get(1) == "x"
+    cache.resize(max_entries=5, max_bytes=None)  # entry bounds still change
+    assert cache.capacity == 5
+
+
+def test_an_unsized_caches_put_after_a_get_updates_the_value_and_marks_it_dirty(tmp_path):
+    backend = RocksDBStore(tmp_path / "db")
+    backend.put(1, 10)
+    cache = WriteBackCache(backend, max_entries=20)
+    cache.put(1, cache.get(1) + 1)
+    assert cache.dirty_count() == 1
+    cache.flush()
+    assert backend.get(1) == 11
+    cache.close()
 
 
 def test_after_going_above_the_high_watermark_reads_keep_syncing_down_to_the_low_one(policy):
@@ -712,7 +742,7 @@ def test_a_dropped_cache_is_freed_without_the_cycle_collector(policy, bound):
 
 
 def test_a_byte_bound_set_by_resize_is_checked_after_every_put():
-    cache = WriteBackCache(MemoryStore(), max_entries=1_000)
+    cache = WriteBackCache(MemoryStore(), max_entries=1_000, max_bytes=1_000_000)
     cache.resize(max_bytes=2_000)
     for i in range(200):
         cache.put(i, "x" * 100)

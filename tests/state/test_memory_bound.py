@@ -169,6 +169,7 @@ def test_a_policy_instance_owned_by_another_cache_is_refused():
     owner = WriteBackCache(MemoryStore(), max_entries=2, policy=shared)
     with pytest.raises(ValueError, match="pass the policy class or a factory"):
         WriteBackCache(MemoryStore(), max_entries=2, policy=shared)
+    assert owner.policy is shared
 
 
 def test_a_factory_that_returns_no_policy_is_refused_naming_it():
@@ -189,8 +190,9 @@ def test_two_caches_with_policies_of_one_class_keep_their_own_entries():
 # ---------------------------------------------------------------- one class, chosen at construction
 @pytest.mark.parametrize("policy", POLICIES)
 def test_the_cache_keeps_its_class_whatever_its_bounds_become(policy):
-    cache = WriteBackCache(MemoryStore(), max_entries=10, policy=policy)
+    cache = WriteBackCache(MemoryStore(), max_entries=10, max_bytes=1_000_000, policy=policy)
     cache.resize(max_bytes=10_000)
+    cache.resize(max_entries=None)
     cache.put(1, 1)
     assert type(cache) is WriteBackCache
 

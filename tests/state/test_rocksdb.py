@@ -413,3 +413,17 @@ def test_key_list_of_other_keys_decodes_them_one_by_one(tmp_path):
     store.put_many([("a", 1), ((1, "b"), 2), (3, 3)])
     assert sorted(map(repr, store.key_list())) == sorted(repr(normalize_key(k)) for k, _ in store.items())
     store.close()
+
+
+def test_a_store_reopened_at_every_batch_keeps_only_the_last_two_info_logs(tmp_path):
+    # A working store is closed and reopened at every micro-batch; each open starts a new info LOG.
+    for batch in range(6):
+        store = RocksDBStore(tmp_path / "db")
+        store.table("pending").put(batch, batch)
+        store.put(batch, batch)
+        store.close()
+    logs = [p.name for p in (tmp_path / "db").iterdir() if p.name.startswith("LOG")]
+    assert len(logs) <= 2, logs
+    store = RocksDBStore(tmp_path / "db")
+    assert dict(store.items()) == {(b,): b for b in range(6)}
+    store.close()

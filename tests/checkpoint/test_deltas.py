@@ -84,3 +84,43 @@ def test_compaction_bounds_delta_bytes_by_ratio_of_snapshot(storage, make_tables
         snapshots_seen += sum(t["snapshots"] for t in manifest.tasks) if version > 1 else 0
     assert snapshots_seen > 0  # the ratio did trigger compactions
     assert restored_content(storage, 11, tmp_path / "restored", max_parallelism=16) == content(tables)
+
+
+def _count_raw_reads(table):
+    reads = []
+    get_raw_many = table.get_raw_many
+
+    def counting(keys):
+        reads.extend(keys)
+        return get_raw_many(keys)
+
+    table.get_raw_many = counting
+    return reads
+
+
+def test_key_groups_whose_changes_far_exceed_the_delta_budget_are_snapshotted_without_reading_every_change(
+    storage, make_tables, tmp_path
+):
+    from checkpoint.writer import DELTA_SAMPLE
+
+    tables = make_tables(max_parallelism=4, track=True)
+    tables["state"].put_many((("k", i), "v" * 50) for i in range(400))
+    first = checkpoint_version(storage, 1, tables, max_delta_ratio=0.5)
+    tables["state"].put_many((("k", i), "w" * 500) for i in range(400))  # every value, 10x larger
+    reads = _count_raw_reads(tables["state"])
+    manifest = checkpoint_version(storage, 2, tables, max_delta_ratio=0.5)
+    old_files = {chain[0].file for chain in first.chains.values()}
+    assert all(len(chain) == 1 and chain[0].kind == SNAPSHOT and chain[0].file not in old_files
+               for chain in manifest.chains.values())
+    assert len(reads) <= DELTA_SAMPLE * 4
+    assert restored_content(storage, 2, tmp_path / "restored", max_parallelism=4) == content(tables)
+
+
+def test_key_groups_whose_changes_fit_the_delta_budget_still_get_a_delta(storage, make_tables, tmp_path):
+    tables = make_tables(max_parallelism=4, track=True)
+    tables["state"].put_many((("k", i), "v" * 50) for i in range(400))
+    checkpoint_version(storage, 1, tables, max_delta_ratio=0.5)
+    tables["state"].put_many((("k", i), "w" * 50) for i in range(0, 400, 5))  # a fifth of the keys
+    manifest = checkpoint_version(storage, 2, tables, max_delta_ratio=0.5)
+    assert [chain[-1].kind for chain in manifest.chains.values()] == [DELTA] * 4
+    assert restored_content(storage, 2, tmp_path / "restored", max_parallelism=4) == content(tables)

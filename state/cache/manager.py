@@ -188,6 +188,11 @@ class CacheManager:
         """Give ``cache`` an equal share of the budget, taking blocks from the largest caches if needed."""
         if cache in self._caches:
             return
+        if not cache.sized:
+            raise ValueError(
+                f"cache {cache.cache_name!r} was built without a byte bound or a manager, so it cannot take "
+                f"a share of this manager's bytes; build it with manager= (or max_bytes=)"
+            )
         cache._manager = self
         share = max(1, self.total_blocks // (len(self._caches) + 1))
         need = share - self.free_blocks

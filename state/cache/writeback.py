@@ -242,7 +242,7 @@ class WriteBackCache(Store):
             self._max_entries = max_entries
         if max_bytes is not ...:
             _check_size("max_bytes", max_bytes)
-            if max_bytes is not None and not self._after_put:
+            if max_bytes is not None and not self.sized:
                 raise ValueError(
                     f"cache {self.cache_name!r} was built without a byte bound, so its puts do not size "
                     f"the values they update; build it with max_bytes= (any value) or a manager to "
@@ -255,6 +255,14 @@ class WriteBackCache(Store):
         self._recompute_capacity()
         self._evict_to_fit()
         self._bound_dirty()
+
+    @property
+    def sized(self) -> bool:
+        """Whether a put re-measures the values it updates, so the cache can take a byte bound.
+
+        True when built with ``max_bytes``, a manager or watermarks (see :meth:`resize`).
+        """
+        return self._after_put
 
     @property
     def capacity(self) -> int | None:

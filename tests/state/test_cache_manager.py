@@ -103,6 +103,18 @@ def test_registered_caches_share_the_budget_equally():
     assert b.stats()["max_bytes"] == 32 * BLOCK
 
 
+def test_registering_a_cache_built_without_a_byte_bound_is_refused_before_any_share_changes():
+    manager = _manager(64)
+    a = WriteBackCache(MemoryStore(), manager=manager, name="a")
+    unsized = WriteBackCache(MemoryStore(), max_entries=10, name="counts")
+    with pytest.raises(ValueError, match=r"'counts' was built without a byte bound or a manager.*manager="):
+        manager.register(unsized)
+    assert _blocks(manager, a) == [64]
+    assert a.stats()["max_bytes"] == 64 * BLOCK
+    assert unsized.stats()["max_bytes"] is None
+    assert not unsized.sized and a.sized
+
+
 def test_granted_bytes_never_exceed_max_bytes_when_more_caches_than_blocks_register():
     manager = _manager(2)
     caches = []

@@ -257,35 +257,34 @@ class CheckpointWriter:
         # (evenly spaced, DELTA_SAMPLE) estimate the delta first; a key group estimated at more than
         # DELTA_SKIP_MARGIN times its budget is snapshotted unread, the others are judged exactly.
         # A wrong estimate costs bytes, never correctness: a snapshot is always a valid section.
+        # The sampled values, by table (kept: a key group that may get a delta does not read them again).
+        current: dict[str, dict[bytes, bytes | None]] = {name: {} for name in names}
         if candidates:
             samples = {g: {name: keys[:: max(1, len(keys) // DELTA_SAMPLE)][:DELTA_SAMPLE]
                            for name in names if (keys := changed[g].get(name))} for g in candidates}
-            sampled_sizes: dict[str, dict[bytes, int]] = {}
             for name in names:
                 keys = [k for g in candidates for k in samples[g].get(name, ())]
                 if keys:
-                    sampled_sizes[name] = {
-                        k: 0 if v is None else len(v) for k, v in zip(keys, tables[name].get_raw_many(keys))
-                    }
+                    current[name].update(zip(keys, tables[name].get_raw_many(keys)))
 
             def estimated_delta(g: int) -> float:
                 blocks = []
                 for name, sample in samples[g].items():
-                    keys = changed[g][name]
-                    mean = sum(sampled_sizes[name][k] for k in sample) / len(sample)
+                    keys, values = changed[g][name], current[name]
+                    mean = sum(len(v) for k in sample if (v := values[k]) is not None) / len(sample)
                     blocks.append((name, encoded_records_size(keys, ()) + int(mean * len(keys))))
                 return encoded_section_size(blocks)
 
             candidates = [g for g in candidates if estimated_delta(g) <= DELTA_SKIP_MARGIN * delta_budget(g)]
 
-        # One multi-get per table for the changed keys of the key groups that may get a delta, before
+        # One multi-get per table for the other changed keys of the key groups that may get a delta, before
         # anything is written (a key group bound to be compacted is read by its snapshot instead).
         delta_candidates = set(candidates)
-        current: dict[str, dict[bytes, bytes | None]] = {}
         for name in names:
-            keys = [k for g in candidates for k in changed[g].get(name, ())]
+            known = current[name]
+            keys = [k for g in candidates for k in changed[g].get(name, ()) if k not in known]
             if keys:
-                current[name] = dict(zip(keys, tables[name].get_raw_many(keys)))
+                known.update(zip(keys, tables[name].get_raw_many(keys)))
 
         def gets_delta(g: int) -> bool:
             """Whether ``g`` gets a DELTA section (else a snapshot: compaction, or no chain yet)."""

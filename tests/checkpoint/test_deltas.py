@@ -124,3 +124,15 @@ def test_key_groups_whose_changes_fit_the_delta_budget_still_get_a_delta(storage
     manifest = checkpoint_version(storage, 2, tables, max_delta_ratio=0.5)
     assert [chain[-1].kind for chain in manifest.chains.values()] == [DELTA] * 4
     assert restored_content(storage, 2, tmp_path / "restored", max_parallelism=4) == content(tables)
+
+
+def test_each_changed_value_of_a_key_group_that_gets_a_delta_is_read_once(storage, make_tables):
+    tables = make_tables(max_parallelism=4, track=True)
+    tables["state"].put_many((("k", i), "v" * 50) for i in range(400))
+    checkpoint_version(storage, 1, tables, max_delta_ratio=0.5)
+    changed = [("k", i) for i in range(0, 400, 5)]
+    tables["state"].put_many((key, "w" * 50) for key in changed)
+    reads = _count_raw_reads(tables["state"])
+    manifest = checkpoint_version(storage, 2, tables, max_delta_ratio=0.5)
+    assert [chain[-1].kind for chain in manifest.chains.values()] == [DELTA] * 4
+    assert len(reads) == len(set(reads)) == len(changed)

@@ -17,7 +17,9 @@ Which key groups get which section:
   tombstone for a deleted key), unless
 * it has no chain yet, or the chain would grow past ``max_chain`` sections,
   or the chain's deltas would add up to more than ``max_delta_ratio`` times
-  its snapshot: then it gets a SNAPSHOT (compaction), which replaces the chain;
+  its snapshot: then it gets a SNAPSHOT (compaction), which replaces the chain
+  (when the delta, estimated from ``DELTA_SAMPLE`` of its changed values, would
+  be over ``DELTA_SKIP_MARGIN`` times its room, without reading the rest first);
 * and a key group whose snapshot shares an SST file with one that gets a new
   snapshot gets one too (when this task owns it, changed or not), so that
   no SST file stays wanted only in part.

@@ -145,11 +145,11 @@ class _Database:
         # with 4 MB files; measured in benchmarks.memory_bound's store row).
         options.set_target_file_size_base(SST_TARGET_FILE_BYTES)
         # An operator's working store is closed and reopened at every micro-batch (handed between
-        # Python workers), so the fixed costs of an open count. RocksDB opens the SST files with 16
-        # threads by default: with 2, an open took 6.4 ms instead of 8.7 (50 files, local disk), and
-        # in the Spark tasks of benchmarks.spark_e2e (100k tweets, two runs of each, alternating)
-        # 18 and 22 ms instead of 33 and 27. Every open also starts a new info LOG (75 KB: the
-        # options of every table), and RocksDB kept up to 1000 old ones.
+        # Python workers), so the fixed costs of an open count. RocksDB's default of 16 threads to
+        # open SST files made an open take 8.7 ms against 6.4 with 2 (50 files, local disk), and in
+        # the Spark tasks of benchmarks.spark_e2e (100k tweets, two runs of each, alternating) 33 and
+        # 27 ms against 18 and 22. Every open also starts a new info LOG (75 KB: the options of every
+        # table), of which RocksDB's default keeps 1000.
         options.set_max_file_opening_threads(2)
         options.set_keep_log_file_num(KEPT_INFO_LOGS)
         table = BlockBasedOptions()

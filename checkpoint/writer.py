@@ -245,12 +245,14 @@ class CheckpointWriter:
                 return -1.0
             return self.max_delta_ratio * chain[0].bytes - sum(r.bytes for r in chain[1:])
 
+        budgets = {g: delta_budget(g) for g in groups}
+
         def may_get_delta(g: int) -> bool:
             """Whether ``g`` may get a DELTA section, judged without its values (their sizes only add)."""
             least = encoded_section_size(
                 (name, encoded_records_size(keys, ())) for name in names if (keys := changed[g].get(name))
             )
-            return least <= delta_budget(g)
+            return least <= budgets[g]
 
         candidates = [g for g in groups if may_get_delta(g)]
         # Under heavy updates the changed values of nearly every key group exceed its budget, and reading
@@ -277,7 +279,7 @@ class CheckpointWriter:
                     blocks.append((name, encoded_records_size(keys, ()) + int(mean * len(keys))))
                 return encoded_section_size(blocks)
 
-            candidates = [g for g in candidates if estimated_delta(g) <= DELTA_SKIP_MARGIN * delta_budget(g)]
+            candidates = [g for g in candidates if estimated_delta(g) <= DELTA_SKIP_MARGIN * budgets[g]]
 
         # One multi-get per table for the other changed keys of the key groups that may get a delta, before
         # anything is written (a key group bound to be compacted is read by its snapshot instead).
@@ -292,12 +294,11 @@ class CheckpointWriter:
             """Whether ``g`` gets a DELTA section (else a snapshot: compaction, or no chain yet)."""
             if g not in delta_candidates:
                 return False
-            chain = previous.chain(g) if previous is not None else ()
             size = encoded_section_size(
                 (name, encoded_records_size(keys, map(current[name].__getitem__, keys)))
                 for name in names if (keys := changed[g].get(name))
             )
-            return sum(r.bytes for r in chain[1:]) + size <= self.max_delta_ratio * chain[0].bytes
+            return size <= budgets[g]
 
         def delta_section(g: int) -> bytes:
             blocks = []

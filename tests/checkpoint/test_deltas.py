@@ -5,10 +5,12 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from checkpoint import DELTA, SNAPSHOT, CheckpointStorage, restore
+from checkpoint.writer import CheckpointWriter, commit
 
 from .helpers import TABLES, checkpoint_version, close_tables, content, hsettings, open_tables, restored_content
 
@@ -136,3 +138,28 @@ def test_each_changed_value_of_a_key_group_that_gets_a_delta_is_read_once(storag
     manifest = checkpoint_version(storage, 2, tables, max_delta_ratio=0.5)
     assert [chain[-1].kind for chain in manifest.chains.values()] == [DELTA] * 4
     assert len(reads) == len(set(reads)) == len(changed)
+
+
+def test_a_failed_read_of_the_sampled_values_writes_nothing_and_the_retry_writes_the_version(
+    storage, make_tables, tmp_path
+):
+    tables = make_tables(max_parallelism=4, track=True)
+    tables["state"].put_many((("k", i), "v" * 50) for i in range(400))
+    checkpoint_version(storage, 1, tables, max_delta_ratio=0.5)
+    files_of_version_1 = set(storage.data_files())
+    tables["state"].put_many((("k", i), "w" * 500) for i in range(400))
+    changes = {name: table.drain_changes() for name, table in tables.items()}
+    previous = storage.latest_manifest(before=2)
+    writer = CheckpointWriter(storage, key_groups=range(4), task="t0", max_delta_ratio=0.5)
+    get_raw_many = tables["state"].get_raw_many
+
+    def failing(keys):
+        raise OSError("read failed")
+
+    tables["state"].get_raw_many = failing
+    with pytest.raises(OSError, match="read failed"):
+        writer.write(2, tables, changes, previous)
+    assert set(storage.data_files()) == files_of_version_1
+    tables["state"].get_raw_many = get_raw_many
+    commit(storage, 2, [writer.write(2, tables, changes, previous)])
+    assert restored_content(storage, 2, tmp_path / "restored", max_parallelism=4) == content(tables)

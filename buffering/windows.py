@@ -477,7 +477,7 @@ class WindowRuntime:
             return []
         out: list[pd.DataFrame] = []
         if self.config.emit == "watermark":
-            values = _pop_closed(instance, keys)
+            values = instance.state.pop_many(keys)  # a cache keeps no entry for them: never read again
             present = [i for i, v in enumerate(values) if v is not None]
             if len(present) != len(keys):
                 keys, values = [keys[i] for i in present], [values[i] for i in present]
@@ -486,7 +486,7 @@ class WindowRuntime:
             else:
                 out.append(self._fixed_frame(keys, values, instance))
         else:
-            _delete_closed(instance, keys)
+            instance.state.delete_uncached(keys)
         instance.metrics.expired += len(keys)
         return out
 
@@ -511,7 +511,7 @@ class WindowRuntime:
         if keep:
             instance.state.put_many(keep)
         if gone:
-            _delete_closed(instance, gone)
+            instance.state.delete_uncached(gone)
         instance.metrics.expired += len(closed)
         if self.config.emit != "watermark" or not closed:
             return []
@@ -592,26 +592,6 @@ def _take(column: Any, keep: np.ndarray) -> Any:
     if isinstance(column, np.ndarray):
         return column[keep]
     return [column[i] for i in keep.tolist()]
-
-
-def _pop_closed(instance: "OperatorInstance", keys: list[NormalizedKey]) -> list[Any]:
-    """Closed windows' values (None where a window has none), their state deleted; a cache keeps no
-    entry for them on the way (they are never read again)."""
-    pop_many = getattr(instance.state, "pop_many", None)
-    if pop_many is not None:
-        return pop_many(keys)
-    values = instance.state.get_many(keys)
-    instance.state.delete_many(keys)
-    return values
-
-
-def _delete_closed(instance: "OperatorInstance", keys: list[NormalizedKey]) -> None:
-    """Delete closed windows' state; a cache keeps no entry for them (they are never read again)."""
-    delete_uncached = getattr(instance.state, "delete_uncached", None)
-    if delete_uncached is not None:
-        delete_uncached(keys)
-    else:
-        instance.state.delete_many(keys)
 
 
 def check_window_columns(key_columns: Sequence[str], outputs: Sequence[str]) -> None:

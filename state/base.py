@@ -141,6 +141,26 @@ class Store(ABC):
         """Remove ``keys`` in one batch; every key is validated before anything is deleted."""
         self._write([(normalize_key(k), MISSING) for k in keys])
 
+    def pop_many(self, keys: Iterable[Any], default: Any = None) -> list[Any]:
+        """Delete distinct ``keys`` and return their values (``default`` where absent).
+
+        One batched read and one write batch. Every key is validated (and
+        checked distinct) before anything is deleted. A cache in front of a
+        store overrides this to keep no entry for the keys on the way (state
+        that is popped is never read again, e.g. a closed window's). O(len(keys)).
+        """
+        checked = [normalize_key(k) for k in keys]
+        if len(set(checked)) != len(checked):
+            raise ValueError("pop_many takes distinct keys")
+        values = self._load_many(checked)
+        self._write([(nkey, MISSING) for nkey in checked])
+        return [default if v is MISSING else v for v in values]
+
+    def delete_uncached(self, keys: Iterable[Any]) -> None:
+        """Delete keys that will not be read again: :meth:`delete_many` here; a cache in front of a
+        store overrides it to keep no entry (not even the keys' absence) for them."""
+        self.delete_many(keys)
+
     def __contains__(self, key: Any) -> bool:
         return self._load(normalize_key(key)) is not MISSING
 

@@ -54,6 +54,26 @@ def test_delete_of_an_absent_key_is_a_no_op(any_store):
     assert "never" not in any_store
 
 
+def test_pop_many_returns_the_values_and_deletes_the_keys(any_store):
+    any_store.put_many([(1, "a"), (2, None), (3, "c")])
+    assert any_store.pop_many([3, 2, 99], default="-") == ["c", None, "-"]
+    assert typed_items(any_store.items()) == typed_items([((1,), "a")])
+
+
+def test_pop_many_refuses_repeated_keys_before_deleting_anything(any_store):
+    any_store.put_many([(1, "a"), (2, "b")])
+    with pytest.raises(ValueError, match="distinct"):
+        any_store.pop_many([2, 1, 2])
+    assert any_store.get_many([1, 2]) == ["a", "b"]
+
+
+def test_delete_uncached_removes_the_keys(any_store):
+    any_store.put_many([(1, "a"), (2, "b")])
+    any_store.delete_uncached([2, 42])
+    assert 2 not in any_store
+    assert typed_items(any_store.items()) == typed_items([((1,), "a")])
+
+
 def test_contains_tells_present_from_absent(any_store):
     any_store.put("a", 0)
     assert "a" in any_store
@@ -167,6 +187,8 @@ def test_every_operation_rejects_an_unsupported_key(any_store, bad_key):
         lambda: any_store.delete(bad_key),
         lambda: bad_key in any_store,
         lambda: any_store.get_many([1, bad_key]),
+        lambda: any_store.pop_many([1, bad_key]),
+        lambda: any_store.delete_uncached([1, bad_key]),
     ):
         with pytest.raises((TypeError, ValueError)):
             call()

@@ -247,3 +247,26 @@ def test_a_row_behind_the_watermark_but_not_the_previous_batchs_counts_as_in_spa
     assert expected.loc[expected["k"] == 1, "s"].max() >= 5  # Spark counted the row at 25 s
     pd.testing.assert_frame_equal(got, expected)
     assert dropped == 0
+
+
+def test_a_late_row_that_reaches_an_open_session_joins_it_as_in_spark(spark, tmp_path):
+    """Batch 3 runs with watermark 39.9 s and filters late rows by batch 2's, 19.9 s. Its row at 36 s is
+    behind the batch's watermark, but its session [36 s, 39 s) overlaps key 1's open session [37 s, 42 s)
+    (which that watermark does not close): Spark merges them into [36 s, 42 s), and so must run_stream."""
+    from pyspark.sql import functions as F
+
+    frames = [
+        _frame([1, 2], [0, 19_900], [1, 1]),
+        _frame([1, 2], [20_000, 39_900], [1, 1]),
+        _frame([1, 1, 2], [37_000, 39_000, 59_900], [1, 2, 1]),
+        _frame([1, 2], [36_000, 79_900], [4, 1]),
+        _frame([-1], [FAR], [0]),
+        _frame([-1], [FAR + 1], [0]),
+    ]
+    source = write_batches(str(tmp_path / "in"), frames)
+    expected = spark_rows(spark, source, str(tmp_path / "spark-ck"), F.session_window("ts", "3 seconds"))
+    got, dropped = opbuffer_rows(spark, source, str(tmp_path / "ck"), Session("3 seconds"))
+    joined = expected[(expected["k"] == 1) & (expected["window_start"] == pd.Timestamp(36_000, unit="ms"))]
+    assert joined[["n", "s"]].values.tolist() == [[3, 7]]  # Spark merged the late row into the open session
+    pd.testing.assert_frame_equal(got, expected)
+    assert dropped == 0

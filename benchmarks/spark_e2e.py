@@ -152,9 +152,9 @@ def decorated_tweet_stats(max_entries: int) -> Any:
     return buffering.mini_batch()(buffering.cached_state(max_entries=max_entries, store="rocksdb")(tweet_stats))
 
 
-def aggregate_tweet_stats(max_entries: int) -> Any:
+def aggregate_tweet_stats(max_entries: int, layout: str = "key") -> Any:
     op = buffering.aggregate({"views": Count(), "viewers": ApproxDistinct("user", lg_k=HLL_LG_K, tgt_type=HLL_TYPE)})
-    return buffering.cached_state(max_entries=max_entries, store="rocksdb")(op)
+    return buffering.cached_state(max_entries=max_entries, store="rocksdb", layout=layout)(op)
 
 
 def _identity(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
@@ -291,7 +291,9 @@ def run_variant(case: Case, variant: str) -> dict[str, Any]:
             checkpoint,
         )
     elif variant in ("b", "c"):
-        fn = decorated_tweet_stats(args.max_entries) if variant == "b" else aggregate_tweet_stats(args.max_entries)
+        fn = (
+            decorated_tweet_stats(args.max_entries) if variant == "b" else aggregate_tweet_stats(args.max_entries, args.c_layout)
+        )
         started = now()
         query = run_stream(
             case.stream(),
@@ -560,6 +562,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--parallelism", type=int, default=4, help="shuffle partitions = operator instances (default 4)")
     p.add_argument("--max-entries", type=int, default=50_000,
                    help="cached_state(max_entries=...) of (b) and (c), per operator instance (default 50,000)")
+    p.add_argument("--c-layout", choices=("key", "key_group"), default="key",
+                   help="cached_state(layout=...) of (c): one record per key, or one block per key group (default key)")
     p.add_argument("--zipf", type=float, default=1.0, help="zipf exponent of the tweet popularity (default 1.0)")
     p.add_argument("--seed", type=int, default=1234, help="random seed of the workload")
     p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
@@ -607,7 +611,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         "function": f"state (views long, hll binary): datasketches hll_sketch lg_k={HLL_LG_K} {HLL_TYPE}, "
                     "deserialized, updated per row (Python loop), serialized back",
         "b": f"mini_batch() (no combiner, no trigger) + cached_state(max_entries={args.max_entries}, store='rocksdb')",
-        "c": f"cached_state(max_entries={args.max_entries}, store='rocksdb')(aggregate({{'views': Count(), "
+        "c": f"cached_state(max_entries={args.max_entries}, store='rocksdb', layout={args.c_layout!r})(aggregate({{'views': Count(), "
              f"'viewers': ApproxDistinct('user')}})), combine before shuffle",
         "d": "foreachBatch: repartition(P, 'tweet') + identity mapInPandas + write.format('noop')",
         "e": f"groupBy('tweet').agg(count(lit(1)), approx_count_distinct('user', {SPARK_RSD})) (HLL++ with 2**12 "

@@ -251,16 +251,17 @@ def cached_state(
     to the keys that expire). The expiries are checkpointed with the state.
     Spark's own ``applyInPandasWithState`` has no TTL: the runners apply it.
 
-    ``layout`` (how the working RocksDB store and the checkpoints keep the
-    state): ``"key"``, one record per key (the default), or ``"key_group"``,
-    one block per key group (:class:`state.blocks.KeyGroupBlocks`). Blocks
-    take the per-key work out of write-backs, checkpoints, restores and reads
-    of keys not cached, but a write-back rewrites the whole block of every key
-    group it touches: choose them when most keys change between checkpoints
-    (an aggregate over hot keys) and the cache holds the state (``max_entries``
-    / ``max_bytes`` above the number / size of the instance's keys). Either
-    layout restores a checkpoint written with the other (it is converted as it
-    is read). Windowed aggregates and processors keep the per-key layout.
+    ``layout`` (how an ``aggregate()``'s state is kept): ``"key"``, one
+    cache entry and one RocksDB record per key (the default), or
+    ``"key_group"``, one block per key group in the cache and in RocksDB
+    (:class:`state.blocks.KeyGroupCache`). Blocks take the per-key work out
+    of merging, write-backs, checkpoints, restores and reads of keys not
+    cached, but a write-back rewrites the whole block of every key group it
+    touches: choose them when most keys change between checkpoints (an
+    aggregate over hot keys) and ``max_entries`` / ``max_bytes`` hold the
+    instance's state (the bounds evict whole key groups). Blocks take no
+    ``ttl_ms``, watermarks, other policy or ``memory_budget``. Either layout
+    restores a checkpoint written with the other (converted as it is read).
     """
     config = StateConfig(max_entries, max_bytes, policy, store, path, low_watermark, high_watermark, ttl_ms, layout)
 
@@ -271,10 +272,13 @@ def cached_state(
                 f"cached_state(ttl_ms={ttl_ms!r}) expires state by processing time; a windowed aggregate's "
                 "windows are deleted when the watermark closes them"
             )
-        if layout != "key" and (spec.window is not None or spec.processor is not None):
+        if layout != "key" and (spec.aggregations is None or spec.window is not None):
+            what = "a windowed aggregate" if spec.window is not None else (
+                "a processor" if spec.processor is not None else "a function (its state is read and written per key)"
+            )
             raise ValueError(
-                f"cached_state(layout={layout!r}) is for an operator with one state per key; "
-                f"{'a windowed aggregate' if spec.window is not None else 'a processor'} keeps the per-key layout"
+                f"cached_state(layout={layout!r}) is for aggregate(), whose accumulators are merged many keys "
+                f"at a time; {what} keeps the per-key layout"
             )
         if ttl_ms is not None and spec.processor is not None:
             raise ValueError(

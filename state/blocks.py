@@ -13,18 +13,18 @@ group instead:
   row, and the values in one byte buffer (a start and a length per row), so
   values go in and out as byte ranges of numpy buffers
   (:meth:`KeyGroupCache.read_values`, :meth:`KeyGroupCache.write_values`);
-* in RocksDB, one record per key group: the key group's 2-byte prefix alone as
-  the key (it sorts before every per-key record of the group, and no per-key
-  record has it: every encoded key has at least one byte after the prefix),
-  and as the value ``MAGIC``, the entry count (u32), the raw key lengths and
-  value lengths (u32 each), the raw keys, the values.
+* in RocksDB, a few records per key group (the block cut into records of
+  about :data:`BLOCK_RECORD_BYTES`): the key is the key group's 2-byte prefix,
+  ``0xFF`` (the first byte of no encoded key) and the record's number (u16),
+  the value ``MAGIC``, the entry count (u32), the raw key lengths and value
+  lengths (u32 each), the raw keys, the values.
 
 The checkpoint layer moves the block records as any raw records: key groups
 stay contiguous ranges, so deltas, snapshots, restores and rescales work
 unchanged, and :func:`iter_entries` turns raw records back into per-key
 records for readers of checkpoints (``read_state``, exports). A key group
 holding per-key records (a table written with the per-key layout) is read as
-those entries over its block, and written back as one block (the per-key
+those entries over its block, and written back as block records (the per-key
 records deleted); :func:`split_blocks` goes the other way for a table opened
 with per-key records.
 
@@ -37,16 +37,20 @@ more than per-key records.
 from __future__ import annotations
 
 import struct
+import weakref
 from collections import OrderedDict
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional, Sequence
 
 import numpy as np
 
 from .base import MISSING, Store, StoreClosedError
+from .cache.malloc import pin_mmap_threshold, release_free_memory
 from .keys import NormalizedKey, decode_key
 from .raw import KEY_GROUP_BYTES
 from .rocksdb import RocksDBStore
 
+#: A write-back of many key groups goes to RocksDB in write batches of about this many bytes.
+WRITE_BATCH_BYTES = 4 << 20
 #: The first bytes of every block value.
 MAGIC = b"OPBK\x01"
 _HEAD = len(MAGIC) + 4
@@ -55,9 +59,22 @@ _HEAD = len(MAGIC) + 4
 ROW_OVERHEAD_BYTES = 128
 
 
+#: A block record holds at most about this many bytes of keys and values: a key group's block is
+#: cut into records of this size. RocksDB keeps large values in memory many times over (rewriting
+#: 128 values of 400 KB raised the RSS of a store capped at 16 MB by 60-112 MB; of 64 KB, by 38 MB).
+BLOCK_RECORD_BYTES = 64 << 10
+#: The byte after the key-group prefix of a block record's key (no encoded key starts with it).
+_BLOCK_MARK = 0xFF
+
+
+def block_key(prefix: bytes, chunk: int) -> bytes:
+    """The raw key of record ``chunk`` of the block of key group ``prefix``."""
+    return prefix + bytes([_BLOCK_MARK]) + chunk.to_bytes(2, "big")
+
+
 def is_block_key(raw_key: bytes) -> bool:
-    """Whether a raw key is a key group's block (its prefix alone) rather than one entry's key."""
-    return len(raw_key) == KEY_GROUP_BYTES
+    """Whether a raw key is one of a key group's block records rather than one entry's key."""
+    return len(raw_key) == KEY_GROUP_BYTES + 3 and raw_key[KEY_GROUP_BYTES] == _BLOCK_MARK
 
 
 def _prefix_after(prefix: bytes) -> bytes:
@@ -134,26 +151,40 @@ def iter_entries(records: Iterable[tuple[bytes, bytes]]) -> Iterator[tuple[bytes
 
 
 def split_blocks(table: RocksDBStore, key_groups: range) -> int:
-    """Turn the block records of ``key_groups`` into per-key records (the per-key layout); return how many.
+    """Turn the block records of ``key_groups`` into per-key records (the per-key layout); return how
+    many key groups had blocks.
 
-    For a table written as blocks and opened with per-key records: one multi-get
-    of the groups' block keys and, when there are any, one write batch, recorded
-    as changes (the next checkpoint writes those key groups again).
+    For a table written as blocks and opened with per-key records: one seek per
+    key group to its block records (which sort after its per-key records) and,
+    when there are any, one write batch, recorded as changes (the next checkpoint
+    writes those key groups again).
     """
-    prefixes = [g.to_bytes(KEY_GROUP_BYTES, "big") for g in key_groups]
     pairs: list[tuple[bytes, Optional[bytes]]] = []
     found = 0
-    for prefix, value in zip(prefixes, table.get_raw_many(prefixes)):
-        if value is None:
+    for g in key_groups:
+        prefix = g.to_bytes(KEY_GROUP_BYTES, "big")
+        blocks = list(table.iter_raw_between(block_key(prefix, 0), _prefix_after(prefix)))
+        if not blocks:
             continue
         found += 1
-        keys, values = decode_block(value)
-        present = set(table.iter_raw_keys(prefix, _prefix_after(prefix)))  # per-key records override the block
-        pairs.extend((k, v) for k, v in zip(keys, values) if k not in present)
-        pairs.append((prefix, None))
+        present = {k for k in table.iter_raw_keys(prefix, block_key(prefix, 0))}  # per-key records win
+        for raw_key, value in blocks:
+            keys, values = decode_block(value)
+            pairs.extend((k, v) for k, v in zip(keys, values) if k not in present)
+            pairs.append((raw_key, None))
     if pairs:
         table.write_raw(pairs, track=True)
     return found
+
+
+def _grown(array: np.ndarray, used: int, need: int) -> np.ndarray:
+    """``array`` with room for ``need`` items, its first ``used`` kept (capacity doubles: appends are
+    amortized O(1) per item)."""
+    if need <= len(array):
+        return array
+    grown = np.empty(max(need, 2 * len(array), 16), dtype=array.dtype)
+    grown[:used] = array[:used]
+    return grown
 
 
 class _KeyGroup:
@@ -161,31 +192,47 @@ class _KeyGroup:
 
     Rows are never reordered: a new key takes the next row, a delete leaves a
     dead row (length -1) until :meth:`compact`. Updated values are appended to
-    the buffer; the old bytes stay until :meth:`compact`.
+    the buffer; the old bytes stay until :meth:`compact`. The buffer and the
+    row arrays keep spare capacity, so one key's update costs O(its bytes).
     """
 
-    __slots__ = ("keys", "index", "data", "starts", "lengths", "live_bytes", "dirty", "folded")
+    __slots__ = ("keys", "index", "_data", "used", "_starts", "_lengths", "live_bytes", "dirty", "folded", "stored", "__weakref__")
 
     def __init__(self, keys: list[bytes], data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> None:
         self.keys = keys
         self.index: dict[bytes, int] = dict(zip(keys, range(len(keys))))
-        self.data = data
-        self.starts = starts
-        self.lengths = lengths
-        self.live_bytes = int(lengths.sum())
+        self._data = data
+        self.used = len(data)
+        self._starts = starts
+        self._lengths = lengths
+        self.live_bytes = int(lengths[lengths >= 0].sum())
         self.dirty = False
         #: Per-key records of this key group in the table, to delete at the next write-back.
         self.folded: list[bytes] = []
+        #: How many block records of this key group the table holds.
+        self.stored = 0
 
     @classmethod
     def empty(cls) -> "_KeyGroup":
         return cls([], np.empty(0, np.uint8), np.empty(0, np.int64), np.empty(0, np.int64))
 
+    @property
+    def data(self) -> np.ndarray:
+        return self._data[: self.used]
+
+    @property
+    def starts(self) -> np.ndarray:
+        return self._starts[: len(self.keys)]
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return self._lengths[: len(self.keys)]
+
     def __len__(self) -> int:
         return len(self.index)
 
     def memory_bytes(self) -> int:
-        return int(self.data.nbytes) + ROW_OVERHEAD_BYTES * len(self.keys)
+        return int(self._data.nbytes) + ROW_OVERHEAD_BYTES * len(self.keys)
 
     def rows_of(self, keys: Sequence[bytes]) -> np.ndarray:
         """The row of each raw key (-1: not held)."""
@@ -195,11 +242,13 @@ class _KeyGroup:
     def add(self, keys: Sequence[bytes]) -> np.ndarray:
         """New rows for raw keys not held (distinct), with no value yet; their rows."""
         first = len(self.keys)
-        rows = np.arange(first, first + len(keys), dtype=np.int64)
+        end = first + len(keys)
+        self._starts = _grown(self._starts, first, end)
+        self._lengths = _grown(self._lengths, first, end)
+        self._lengths[first:end] = -1
         self.keys.extend(keys)
+        rows = np.arange(first, end, dtype=np.int64)
         self.index.update(zip(keys, rows.tolist()))
-        self.starts = np.concatenate([self.starts, np.zeros(len(keys), np.int64)])
-        self.lengths = np.concatenate([self.lengths, np.full(len(keys), -1, np.int64)])
         return rows
 
     def delete(self, rows: np.ndarray) -> None:
@@ -207,46 +256,73 @@ class _KeyGroup:
         index = self.index
         for row in rows.tolist():
             del index[self.keys[row]]
-        self.live_bytes -= int(self.lengths[rows].sum())
-        self.lengths[rows] = -1
+        self.live_bytes -= int(self._lengths[rows].sum())
+        self._lengths[rows] = -1
         self.dirty = True
 
     def set(self, rows: np.ndarray, source: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> None:
         """Set the value of each of ``rows`` (distinct) to ``source[starts[i]:starts[i] + lengths[i]]``."""
-        old = self.lengths[rows]
+        old = self._lengths[rows]
         self.live_bytes -= int(old[old >= 0].sum())
         lengths = lengths.astype(np.int64, copy=False)
-        piece = source[_ranges(starts, lengths)]
-        self.starts[rows] = np.cumsum(lengths) - lengths + len(self.data)
-        self.lengths[rows] = lengths
-        self.data = np.concatenate([self.data, piece])
-        self.live_bytes += int(lengths.sum())
+        total = int(lengths.sum())
+        used = self.used
+        self._data = _grown(self._data, used, used + total)
+        self._data[used : used + total] = source[_ranges(starts, lengths)]
+        self.used = used + total
+        self._starts[rows] = np.cumsum(lengths) - lengths + used
+        self._lengths[rows] = lengths
+        self.live_bytes += total
         self.dirty = True
-        if len(self.data) > 4 * self.live_bytes + 4096:  # replaced values pile up until the write-back compacts
+        if self.used > 4 * self.live_bytes + 4096:  # replaced values pile up until the write-back compacts
             self.compact()
 
     def compact(self) -> None:
-        """Drop dead rows and the bytes of replaced values."""
-        alive = self.lengths >= 0
+        """Drop dead rows and the bytes of replaced values (capacity shrinks to what is held)."""
+        lengths = self.lengths
+        alive = lengths >= 0
+        starts, lengths = self.starts[alive], lengths[alive]  # before the keys shrink (the views follow them)
         if not alive.all():
             self.keys = [k for k, keep in zip(self.keys, alive.tolist()) if keep]
             self.index = dict(zip(self.keys, range(len(self.keys))))
-        starts, lengths = self.starts[alive], self.lengths[alive]
-        self.data = self.data[_ranges(starts, lengths)]
-        self.lengths = lengths
-        self.starts = np.cumsum(lengths) - lengths
-        self.live_bytes = int(lengths.sum())
+        self._data = self._data[_ranges(starts, lengths)]
+        self.used = len(self._data)
+        self._lengths = lengths
+        self._starts = np.cumsum(lengths) - lengths
+        self.live_bytes = self.used
 
-    def record(self) -> Optional[bytes]:
-        """This key group's block record value (None when it has no entries); compacts first."""
+    def records(self) -> list[bytes]:
+        """This key group's block record values, each about :data:`BLOCK_RECORD_BYTES` or less (none when
+        it has no entries); compacts first."""
         self.compact()
         n = len(self.keys)
         if not n:
-            return None
-        lengths = np.empty(2 * n, dtype="<u4")
-        lengths[:n] = np.fromiter(map(len, self.keys), dtype=np.int64, count=n)
-        lengths[n:] = self.lengths
-        return b"".join((MAGIC, struct.pack("<I", n), lengths.tobytes(), *self.keys, self.data.tobytes()))
+            return []
+        key_lengths = np.fromiter(map(len, self.keys), dtype=np.int64, count=n)
+        lengths = self._lengths
+        ends = np.cumsum(key_lengths + lengths + 8)
+        cuts = np.flatnonzero(np.diff(ends // BLOCK_RECORD_BYTES)) + 1  # a row that crosses a boundary starts a record
+        out = []
+        for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), n]):
+            table = np.concatenate([key_lengths[lo:hi], lengths[lo:hi]]).astype("<u4")
+            first, last = int(self._starts[lo]), int(self._starts[hi - 1] + lengths[hi - 1])
+            out.append(b"".join((MAGIC, struct.pack("<I", hi - lo), table.tobytes(), *self.keys[lo:hi],
+                                 self._data[first:last].tobytes())))
+        return out
+
+
+class _Located(NamedTuple):
+    """Keys of one key group in a call: the group, their positions in the call, raw keys, rows then."""
+
+    prefix: bytes
+    at: np.ndarray
+    keys: list[bytes]
+    rows: Any  # np.ndarray, or None when not looked up
+    group: Callable[[], Optional[_KeyGroup]]  # a weak reference to the group the rows are of
+
+
+def _no_group() -> None:
+    return None
 
 
 class KeyGroupCache(Store):
@@ -288,6 +364,8 @@ class KeyGroupCache(Store):
             name=table.name, max_parallelism=table.max_parallelism, key_types=table.key_types, serializer=table.serializer
         )
         self.cache_name = name
+        if max_bytes is not None:
+            pin_mmap_threshold()  # its blocks are large allocations: freed ones must leave the process
         self._table = table
         self.max_entries = max_entries
         self.max_bytes = max_bytes
@@ -316,16 +394,27 @@ class KeyGroupCache(Store):
         if group is not None:
             self._groups.move_to_end(prefix)
             return group
-        group = None
+        parsed = []
         extra: dict[bytes, bytes] = {}
         for raw_key, raw_value in self._table.iter_raw_between(prefix, _prefix_after(prefix)):
             if is_block_key(raw_key):
-                group = _KeyGroup(*_parse(raw_value))
+                parsed.append(_parse(raw_value))
             else:
                 extra[raw_key] = raw_value
-        if group is None:
+        if not parsed:
             group = _KeyGroup.empty()
+        elif len(parsed) == 1:
+            group = _KeyGroup(*parsed[0])
         else:
+            shifts = np.cumsum([0] + [len(data) for _, data, _, _ in parsed[:-1]])
+            group = _KeyGroup(
+                [k for keys, _, _, _ in parsed for k in keys],
+                np.concatenate([data for _, data, _, _ in parsed]),
+                np.concatenate([starts + shift for (_, _, starts, _), shift in zip(parsed, shifts.tolist())]),
+                np.concatenate([lengths for _, _, _, lengths in parsed]),
+            )
+        group.stored = len(parsed)
+        if parsed:
             self._loads += 1
         if extra:  # per-key records (the per-key layout): entries over the block, folded at write-back
             keys = list(extra)
@@ -363,13 +452,13 @@ class KeyGroupCache(Store):
         length per key in order (length -1: no value)."""
         self._check_open()
         raw_keys, located = self._locate(nkeys)
-        out = self._gather(raw_keys, located)[:3]
-        self._bound()
-        return out
+        return self._gather(raw_keys, located)[:3]
 
-    def _gather(
-        self, raw_keys: list[bytes], located: list[tuple[bytes, np.ndarray]]
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[tuple[_KeyGroup, np.ndarray, list[bytes], np.ndarray]]]:
+    def _gather(self, raw_keys: list[bytes], located: list[tuple[bytes, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[_Located]]:
+        """The values of the located keys in one buffer, and where each key group's keys were found.
+
+        The bounds are kept after each key group (reading every key group of a
+        state larger than the bound holds one bound's worth at a time)."""
         n = len(raw_keys)
         starts = np.zeros(n, dtype=np.int64)
         lengths = np.full(n, -1, dtype=np.int64)
@@ -380,39 +469,42 @@ class KeyGroupCache(Store):
             group = self._held(prefix, len(at))
             keys = [raw_keys[i] for i in at.tolist()]
             rows = group.rows_of(keys)
-            parts.append((group, at, keys, rows))
+            parts.append(_Located(prefix, at, keys, rows, weakref.ref(group)))
             found = rows >= 0
-            if not found.any():
-                continue
-            held_rows = rows[found]
-            row_lengths = group.lengths[held_rows]
-            pieces.append(group.data[_ranges(group.starts[held_rows], row_lengths)])
-            starts[at[found]] = offset + np.cumsum(row_lengths) - row_lengths
-            lengths[at[found]] = row_lengths
-            offset += int(row_lengths.sum())
+            if found.any():
+                held_rows = rows[found]
+                row_lengths = group.lengths[held_rows]
+                pieces.append(group.data[_ranges(group.starts[held_rows], row_lengths)])
+                starts[at[found]] = offset + np.cumsum(row_lengths) - row_lengths
+                lengths[at[found]] = row_lengths
+                offset += int(row_lengths.sum())
+            del group
+            self._bound()
         if not pieces:
             buffer = np.empty(0, np.uint8)
         else:
             buffer = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
         return buffer, starts, lengths, parts
 
-    def _scatter(
-        self, parts: list[tuple[_KeyGroup, np.ndarray, list[bytes], np.ndarray]], source: np.ndarray,
-        starts: np.ndarray, lengths: np.ndarray,
-    ) -> None:
-        """Each located key's new value (length -1: delete), from ``source``."""
-        for group, at, keys, rows in parts:
-            new_lengths = lengths[at]
+    def _scatter(self, parts: list[_Located], source: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> None:
+        """Each located key's new value (length -1: delete), from ``source``; the bounds kept after each
+        key group (one evicted since it was located is loaded again)."""
+        for part in parts:
+            group = self._group(part.prefix)
+            rows = part.rows if part.group() is group else group.rows_of(part.keys)
+            new_lengths = lengths[part.at]
             put = new_lengths >= 0
             new = put & (rows < 0)
             if new.any():
                 rows = rows.copy()
-                rows[new] = group.add([k for k, m in zip(keys, new.tolist()) if m])
+                rows[new] = group.add([k for k, m in zip(part.keys, new.tolist()) if m])
             gone = ~put & (rows >= 0)
             if gone.any():
                 group.delete(rows[gone])
             if put.any():
-                group.set(rows[put], source, starts[at][put], new_lengths[put])
+                group.set(rows[put], source, starts[part.at][put], new_lengths[put])
+            del group
+            self._bound()
 
     def update_values(
         self,
@@ -421,7 +513,8 @@ class KeyGroupCache(Store):
     ) -> None:
         """Read the serialized values of distinct ``nkeys`` as :meth:`read_values` gives them, hand them
         to ``update``, and set each key to what it returns (``(buffer, starts, lengths)`` in the same
-        order; length -1 deletes): the keys are located once, and nothing is evicted in between."""
+        order; length -1 deletes). The keys are located once; when the key groups fit the bounds they
+        stay held in between."""
         self._check_open()
         raw_keys, located = self._locate(nkeys)
         if len(set(raw_keys)) != len(raw_keys):
@@ -431,7 +524,6 @@ class KeyGroupCache(Store):
         if len(new_starts) != len(raw_keys) or len(new_lengths) != len(raw_keys):
             raise ValueError(f"update returned {len(new_starts)} values for {len(raw_keys)} keys")
         self._scatter(parts, source, np.asarray(new_starts, dtype=np.int64), np.asarray(new_lengths, dtype=np.int64))
-        self._bound()
 
     def write_values(self, nkeys: Sequence[NormalizedKey], source: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> None:
         """Set each key's serialized value to ``source[starts[i]:starts[i] + lengths[i]]`` (length -1
@@ -445,13 +537,8 @@ class KeyGroupCache(Store):
             nkeys = [nkeys[i] for i in pick.tolist()]
             starts, lengths = np.asarray(starts)[pick], np.asarray(lengths)[pick]
         raw_keys, located = self._locate(nkeys)
-        parts = []
-        for prefix, at in located:
-            group = self._group(prefix)
-            keys = [raw_keys[i] for i in at.tolist()]
-            parts.append((group, at, keys, group.rows_of(keys)))
+        parts = [_Located(prefix, at, [raw_keys[i] for i in at.tolist()], None, _no_group) for prefix, at in located]
         self._scatter(parts, source, np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64))
-        self._bound()
 
     # ------------------------------------------------------------ bounds and write-back
     def held_entries(self) -> int:
@@ -482,20 +569,30 @@ class KeyGroupCache(Store):
         for prefix in out:
             del self._groups[prefix]
         self._evictions += len(out)
+        if self.max_bytes is not None:
+            release_free_memory()  # what the evicted blocks freed in pieces goes back to the OS
 
     def _write_back(self, groups: Sequence[tuple[bytes, _KeyGroup]]) -> None:
-        if not groups:
-            return
+        """Write the groups' block records (and delete their folded per-key records and records beyond
+        the new count), in write batches of about WRITE_BATCH_BYTES; a group is clean once its batch is
+        written."""
         pairs: list[tuple[bytes, Optional[bytes]]] = []
-        for prefix, group in groups:
+        written: list[tuple[_KeyGroup, int]] = []
+        pending = 0
+        for i, (prefix, group) in enumerate(groups):
             pairs.extend((raw_key, None) for raw_key in group.folded)
-            pairs.append((prefix, group.record()))
-        self._table.write_raw(pairs, track=True)
-        for _, group in groups:
-            group.dirty = False
-            group.folded = []
-        self._writes += len(groups)
-        self._write_batches += 1
+            records = group.records()
+            pairs.extend((block_key(prefix, r), value) for r, value in enumerate(records))
+            pairs.extend((block_key(prefix, r), None) for r in range(len(records), group.stored))
+            pending += sum(map(len, records))
+            written.append((group, len(records)))
+            if pending >= WRITE_BATCH_BYTES or i == len(groups) - 1:
+                self._table.write_raw(pairs, track=True)
+                for done, stored in written:
+                    done.stored, done.dirty, done.folded = stored, False, []
+                self._write_batches += 1
+                self._writes += len(written)
+                pairs, written, pending = [], [], 0
 
     def flush(self, durable: bool = False) -> None:
         """Write back every dirty key group (one write batch); with ``durable`` also flush the table."""

@@ -27,7 +27,7 @@ def _records(table):
     return list(table.iter_raw())
 
 
-def test_a_write_back_stores_one_record_per_key_group_holding_the_per_key_records(table, tmp_path):
+def test_a_write_back_stores_block_records_per_key_group_holding_the_per_key_records(table, tmp_path):
     reference = RocksDBStore(tmp_path / "reference", max_parallelism=8, table="state")
     pairs = [(k, {"v": k}) for k in range(50)]
     reference.put_many(pairs)
@@ -37,7 +37,7 @@ def test_a_write_back_stores_one_record_per_key_group_holding_the_per_key_record
     cache.flush()
     records = _records(table)
     assert all(is_block_key(k) for k, _ in records)
-    assert len(records) == len({table.key_group(k) for k, _ in pairs})
+    assert len(records) == len({table.key_group(k) for k, _ in pairs})  # small blocks: one record each
     assert list(iter_entries(records)) == list(reference.iter_raw())
     assert table.drain_changes() == {k for k, _ in records}  # the checkpoint sees the blocks as changes
     reference.close()
@@ -73,7 +73,7 @@ def test_split_blocks_turns_blocks_back_into_per_key_records(table):
 def test_iter_entries_expands_blocks_in_key_order(table):
     keys = [b"\x00\x01\x01b", b"\x00\x01\x01a"]
     block = encode_block(keys, [b"B", b"A"])
-    records = [(b"\x00\x01", block), (b"\x00\x01\x01a", b"per-key"), (b"\x00\x02\x01z", b"Z")]
+    records = [(b"\x00\x01\x01a", b"per-key"), (b"\x00\x01\xff\x00\x00", block), (b"\x00\x02\x01z", b"Z")]
     assert list(iter_entries(records)) == [(b"\x00\x01\x01a", b"per-key"), (b"\x00\x01\x01b", b"B"), (b"\x00\x02\x01z", b"Z")]
 
 
@@ -157,3 +157,20 @@ def test_a_table_with_grouping_columns_is_refused(tmp_path):
 def test_bounds_must_be_positive_ints(table, bound):
     with pytest.raises(ValueError, match="max_entries"):
         KeyGroupCache(table, max_entries=bound)
+
+
+def test_a_large_key_group_is_cut_into_records_of_about_block_record_bytes(table):
+    from state.blocks import BLOCK_RECORD_BYTES
+
+    cache = KeyGroupCache(table)
+    value = b"v" * 1000
+    keys = [k for k in range(5000) if table.key_group(k) == 3][:300]  # about 300 KB in one key group
+    cache.put_many((k, value) for k in keys)
+    cache.flush()
+    records = _records(table)
+    assert len(records) >= 300_000 // BLOCK_RECORD_BYTES
+    assert all(len(v) <= BLOCK_RECORD_BYTES + 2048 for _, v in records)
+    cache.delete_many(keys[10:])  # the key group shrinks: its records beyond the new count are deleted
+    cache.flush()
+    assert len(_records(table)) == 1
+    assert KeyGroupCache(table).get_many(keys[:12]) == [value] * 10 + [None, None]

@@ -10,6 +10,10 @@ growth divided by M. Value kinds: small ints, tuples (int, 12-char str,
 float), 10 KB random blobs (N/50 of them: N x 10 KB would not fit the disk).
 The manager row: one ``CacheManager(M)`` over 4 LRU caches, one per table
 of one store (as an operator instance's tables), keys spread over the 4.
+The key_group row: a ``KeyGroupCache(max_bytes=M)`` (``cached_state(layout="key_group")``)
+taking the keys in batches of 4096 (of 256 blobs; evictions write whole key groups). Every batch
+touches every key group of a state several times the bound, the layout's worst case: it is slow
+there (each batch reloads and writes back whole key groups), and the row checks its memory.
 The store row is the floor: no cache, RocksDB alone takes the same keys in
 write batches of 256 (as evictions write them); the last column subtracts
 it, leaving what the cache itself adds.
@@ -34,6 +38,7 @@ from benchmarks._common import check_target, log, make_parser, print_table, reso
 
 NAME = "memory_bound"
 RSS_EVERY = 20_000
+KEY_GROUP_BATCH = 4096
 BLOB_BYTES = 10 * 1024
 
 
@@ -63,6 +68,8 @@ def child(config: dict[str, Any]) -> dict[str, Any]:
         manager = None
         if config["policy"] == "store":  # no cache: the same keys written as evictions write them
             return _store_only(store, keys, make)
+        if config["policy"] == "key_group":
+            return _key_groups(store, keys, make, max_bytes, 256 if config["kind"] == "blob" else KEY_GROUP_BATCH)
         if config["policy"] == "manager":
             manager = CacheManager(max_bytes, memory_limit=64 << 30)  # no shrinking on pressure: the bound alone
             caches = [WriteBackCache(store.table(f"t{i}"), policy="lru", manager=manager, name=f"t{i}") for i in range(4)]
@@ -119,6 +126,32 @@ def _store_only(store: Any, keys: int, make: Any) -> dict[str, Any]:
             "seconds": seconds, "entries": 0, "estimated_bytes": 0, "entry_bytes": 0, "evictions": 0}
 
 
+def _key_groups(store: Any, keys: int, make: Any, max_bytes: int, batch: int) -> dict[str, Any]:
+    """A KeyGroupCache(max_bytes=M) (cached_state(layout="key_group")) takes the keys in batches (as an
+    aggregate's merges write them; one key at a time costs it a call per key): KEY_GROUP_BATCH keys, 256
+    of the 10 KB blobs (the 2.5 MB a batch of the store row holds, not 40 MB of the caller's values)."""
+    import gc
+
+    from state.blocks import KeyGroupCache
+    from state.cache import current_rss_bytes
+
+    cache = KeyGroupCache(store, max_bytes=max_bytes)
+    gc.collect()
+    base = peak = current_rss_bytes()
+    started = time.perf_counter()
+    for start in range(0, keys, batch):
+        cache.put_many((i, make(i)) for i in range(start, min(keys, start + batch)))
+        if start % RSS_EVERY < batch:
+            peak = max(peak, current_rss_bytes())
+    peak = max(peak, current_rss_bytes())
+    seconds = time.perf_counter() - started
+    stats = cache.stats()
+    cache.close()
+    return {"peak_growth_bytes": peak - base, "end_growth_bytes": current_rss_bytes() - base, "base_rss_bytes": base,
+            "seconds": seconds, "entries": stats["entries"], "estimated_bytes": stats["estimated_bytes"],
+            "entry_bytes": 0, "evictions": stats["evictions"]}
+
+
 def run_config(config: dict[str, Any]) -> dict[str, Any]:
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.memory_bound", "--child", json.dumps(config)],
@@ -135,7 +168,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-bytes", type=int, default=50 << 20, help="the cache's byte bound (default 50 MB)")
     parser.add_argument("--store-memory", type=int, default=16 << 20,
                         help="RocksDB's own memory cap, block_cache_bytes (default 16 MB)")
-    parser.add_argument("--policies", default="store,lru,clock,lfu,manager",
+    parser.add_argument("--policies", default="store,lru,clock,lfu,manager,key_group",
                         help="'store' is the floor: RocksDB alone, no cache, the same keys")
     parser.add_argument("--kinds", default="int,tuple,blob")
     parser.add_argument("--child", default=None, help=argparse_suppress())

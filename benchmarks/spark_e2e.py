@@ -30,6 +30,8 @@ The variants (each with fresh checkpoint and output directories):
     approx_count_distinct("user", 0.0173))`` (HyperLogLog++ with 2**12
     registers, as many as ``ApproxDistinct(lg_k=12)``), update mode, the RocksDB
     state store, the same parquet sink.
+(g) (c) with ``cached_state(..., layout="key_group")``: the state kept as one
+    block per key group, in the cache and in RocksDB (``state.blocks``).
 (f) the ceiling of (c): in ``foreachBatch``, exactly (c)'s Spark plan (map-side
     SQL combine, operator index, ``repartitionById``) into a ``mapInPandas``
     that reads every chunk and does nothing else; ``noop`` sink. What (c)
@@ -58,6 +60,7 @@ and recorded in the JSON.
 
 Targets: (c) >= 40x faster than (a) and >= 3x faster than (e) at 100k tweets;
 (c) <= 1.3x the floor (d) at every cardinality; (b) never slower than (a) (>= 1x).
+(g) is checked against (c)'s targets too: the same job with another state layout.
 
 Spark: ``local[2]`` (``--master``), UI off, loopback driver, shuffle partitions
 = ``--parallelism`` (4). The machine's load average is recorded before and
@@ -99,9 +102,11 @@ USERS = 25_000
 BATCHES = 4
 CARDINALITIES = (100_000, 10_000, 1_000, 20)
 QUICK = {"views": 40_000, "users": 5_000, "batches": 4, "cardinalities": (2_000, 20)}
-VARIANTS = ("a", "b", "c", "d", "e", "f")
+VARIANTS = ("a", "b", "c", "d", "e", "f", "g")
 #: run order inside a round: the floors first, the slow baseline last
-ORDER = ("d", "f", "c", "e", "b", "a")
+ORDER = ("d", "f", "c", "g", "e", "b", "a")
+#: the run_stream variants (their workers keep operator instances between runs)
+STATEFUL = ("b", "c", "g")
 LABELS = {
     "a": "(a) applyInPandasWithState, per-row HLL",
     "b": "(b) run_stream, same fn + mini_batch + cached_state",
@@ -109,6 +114,7 @@ LABELS = {
     "d": "(d) floor: repartition + identity mapInPandas + noop",
     "e": "(e) Spark SQL streaming agg (count, approx_count_distinct), RocksDB",
     "f": "(f) ceiling of (c): its SQL combine + shuffle, reading only",
+    "g": "(g) (c) with cached_state(layout='key_group')",
 }
 
 INPUT_SCHEMA = "tweet long, user long, ts long"
@@ -152,9 +158,9 @@ def decorated_tweet_stats(max_entries: int) -> Any:
     return buffering.mini_batch()(buffering.cached_state(max_entries=max_entries, store="rocksdb")(tweet_stats))
 
 
-def aggregate_tweet_stats(max_entries: int) -> Any:
+def aggregate_tweet_stats(max_entries: int, layout: str = "key") -> Any:
     op = buffering.aggregate({"views": Count(), "viewers": ApproxDistinct("user", lg_k=HLL_LG_K, tgt_type=HLL_TYPE)})
-    return buffering.cached_state(max_entries=max_entries, store="rocksdb")(op)
+    return buffering.cached_state(max_entries=max_entries, store="rocksdb", layout=layout)(op)
 
 
 def _identity(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
@@ -290,8 +296,11 @@ def run_variant(case: Case, variant: str) -> dict[str, Any]:
             .foreachBatch(ParquetSink(out)),
             checkpoint,
         )
-    elif variant in ("b", "c"):
-        fn = decorated_tweet_stats(args.max_entries) if variant == "b" else aggregate_tweet_stats(args.max_entries)
+    elif variant in STATEFUL:
+        if variant == "b":
+            fn = decorated_tweet_stats(args.max_entries)
+        else:
+            fn = aggregate_tweet_stats(args.max_entries, "key_group" if variant == "g" else "key")
         started = now()
         query = run_stream(
             case.stream(),
@@ -303,7 +312,7 @@ def run_variant(case: Case, variant: str) -> dict[str, Any]:
             parallelism=args.parallelism,
             trigger={"availableNow": True},
             workdir=os.path.join(os.path.dirname(checkpoint), "work"),
-            combine_before_shuffle=False if (variant == "c" and args.c_combine_before_shuffle == "off") else None,
+            combine_before_shuffle=False if (variant in ("c", "g") and args.c_combine_before_shuffle == "off") else None,
         )
         query.awaitTermination()
         result["seconds"] = now() - started
@@ -375,10 +384,7 @@ def run_variant(case: Case, variant: str) -> dict[str, Any]:
 def cold_instances(per_instance: list[list[dict[str, Any]]]) -> list[int]:
     """Per batch after the first: instances that started with an empty cache (the task landed on a Python
     worker that did not hold the instance: it adopted the store another worker left, or restored it)."""
-    out = []
-    for batch in per_instance[1:]:
-        out.append(sum(1 for i in batch if i.get("cache_hits", 0) == 0 and i.get("cache_misses", 0) > 0))
-    return out
+    return [sum(1 for i in batch if i.get("start") in ("adopted", "restored")) for batch in per_instance[1:]]
 
 
 def worker_code_paths(spark: Any) -> list[str]:
@@ -555,7 +561,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--batches", type=int, default=None, help=f"parquet files = micro-batches (default {BATCHES}, >= 4)")
     p.add_argument("--cardinalities", default=None,
                    help=f"tweet cardinalities, comma-separated (default {','.join(map(str, CARDINALITIES))})")
-    p.add_argument("--variants", default=",".join(VARIANTS), help="which of a,b,c,d,e,f to run (default all)")
+    p.add_argument("--variants", default=",".join(VARIANTS), help="which of a,b,c,d,e,f,g to run (default all)")
     p.add_argument("--repeat", type=int, default=1, help="runs per variant and cardinality; the fastest is reported")
     p.add_argument("--parallelism", type=int, default=4, help="shuffle partitions = operator instances (default 4)")
     p.add_argument("--max-entries", type=int, default=50_000,
@@ -609,6 +615,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         "b": f"mini_batch() (no combiner, no trigger) + cached_state(max_entries={args.max_entries}, store='rocksdb')",
         "c": f"cached_state(max_entries={args.max_entries}, store='rocksdb')(aggregate({{'views': Count(), "
              f"'viewers': ApproxDistinct('user')}})), combine before shuffle",
+        "g": f"(c) with cached_state(max_entries={args.max_entries}, store='rocksdb', layout='key_group')",
         "d": "foreachBatch: repartition(P, 'tweet') + identity mapInPandas + write.format('noop')",
         "e": f"groupBy('tweet').agg(count(lit(1)), approx_count_distinct('user', {SPARK_RSD})) (HLL++ with 2**12 "
              "registers), update mode, RocksDB state store, ParquetSink",
@@ -655,7 +662,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
             for v in variants:
                 t = now()
                 run_variant(case, v)
-                with_state |= v in ("b", "c")
+                with_state |= v in STATEFUL
                 log(f"warm-up ({v}): {now() - t:.1f} s")
             if with_state:
                 close_worker_instances(spark)
@@ -687,11 +694,11 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
                         f"load {r['load_before'][0]:.2f} -> {r['load_after'][0]:.2f}"
                         + (f"; cold-cache instances per batch after the first: {r['cold_instances']}"
                            if "cold_instances" in r else ""))
-                    if v in ("b", "c"):
+                    if v in STATEFUL:
                         closed = close_worker_instances(spark)
                         log(f"[{card}] closed {sum(closed)} operator instances kept by {len(closed)} worker tasks")
             best = {v: min(rs, key=lambda r: r["seconds"]) for v, rs in runs.items() if rs}
-            outs = {v: best[v]["out"] for v in ("a", "b", "c", "e") if v in best}
+            outs = {v: best[v]["out"] for v in ("a", "b", "c", "e", "g") if v in best}
             check = verify(views, outs) if outs else {"ok": True, "problems": [], "note": "nothing to check"}
             for v, e in errors.items():
                 check["problems"].append(f"({v}) failed: {e}")
@@ -710,7 +717,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
                 vs_a = t["a"] / t[v] if "a" in t else None
                 vs_floor = t[v] / t["d"] if "d" in t else None
                 target = "-"
-                if v == "c":
+                if v in ("c", "g"):
                     parts = []
                     if card == max(cards) and vs_a is not None:
                         parts.append(f"vs(a)>={TARGET_C_VS_A:g}x {'PASS' if vs_a >= TARGET_C_VS_A else 'FAIL'}")
@@ -773,7 +780,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
             print(f"verify [{card}]: {'OK' if v['ok'] else 'MISMATCH'}; {v.get('tweets', 0):,} tweets; {pairs}; {errs}")
         for card in cards:
             c = results["per_cardinality"].get(str(card))
-            for v in ("b", "c"):
+            for v in STATEFUL:
                 for r in (c or {}).get("runs", {}).get(v, []):
                     bm = r.get("batch_metrics", [])
                     hits = "/".join(f"{m['cache_hit_ratio']:.2f}" for m in bm)
@@ -799,6 +806,14 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
             if "c" in t and "e" in t and card == max(cards):
                 targets.append(check_target(f"(c) vs Spark SQL (e) at {card} tweets", t["e"] / t["c"], TARGET_C_VS_E,
                                             unit="x"))
+            if "g" in t and "d" in t:
+                targets.append(check_target(f"(g) / floor (d) at {card} tweets", t["g"] / t["d"], TARGET_C_VS_FLOOR,
+                                            at_most=True, unit="x"))
+            if "g" in t and "e" in t and card == max(cards):
+                targets.append(check_target(f"(g) vs Spark SQL (e) at {card} tweets", t["e"] / t["g"], TARGET_C_VS_E,
+                                            unit="x"))
+            if "a" in t and "g" in t and card == max(cards):
+                targets.append(check_target(f"(g) vs (a) at {card} tweets", t["a"] / t["g"], TARGET_C_VS_A, unit="x"))
             if "c" in t and "f" in t:
                 # not a target: how far (c) is from what its Spark plan alone costs
                 log(f"[{card}] ceiling: (f) / floor (d) = {t['f'] / t['d']:.2f}x; (c) / (f) = {t['c'] / t['f']:.2f}x"

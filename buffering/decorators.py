@@ -26,6 +26,8 @@ UserFunction = Callable[[tuple, Iterator[pd.DataFrame], Any], Iterator[pd.DataFr
 Combiner = Union[Mapping[str, Aggregation], Callable[[pd.DataFrame], pd.DataFrame]]
 
 _STORES = ("memory", "rocksdb")
+#: cached_state(layout=...): one record per key, or one block per key group (state.blocks).
+_LAYOUTS = ("key", "key_group")
 
 
 def _positive_or_none(name: str, value: Any, kind: type = int) -> None:
@@ -78,8 +80,24 @@ class StateConfig:
     high_watermark: Optional[float] = None
     #: State not updated for this many ms of processing time expires (None: never).
     ttl_ms: Optional[int] = None
+    #: How the RocksDB state table keeps entries: one record per key, or one block per key group.
+    layout: str = "key"
 
     def __post_init__(self) -> None:
+        if self.layout not in _LAYOUTS:
+            raise ValueError(f"layout must be one of {_LAYOUTS}, got {self.layout!r}")
+        if self.layout == "key_group":
+            refused = [
+                reason
+                for reason, present in (
+                    (f"ttl_ms={self.ttl_ms!r} (expiries are per key)", self.ttl_ms is not None),
+                    ("low_watermark/high_watermark (key groups are written back whole)", self.low_watermark is not None),
+                    (f"policy={self.policy!r} (key groups are evicted least recently used)", self.policy != "lru"),
+                )
+                if present
+            ]
+            if refused:
+                raise ValueError(f"cached_state(layout='key_group') takes no {'; no '.join(refused)}")
         _positive_or_none("max_entries", self.max_entries)
         check_ttl_ms("cached_state(ttl_ms=...)", self.ttl_ms)
         _positive_or_none("max_bytes", self.max_bytes)
@@ -217,6 +235,7 @@ def cached_state(
     low_watermark: Optional[float] = None,
     high_watermark: Optional[float] = None,
     ttl_ms: Optional[int] = None,
+    layout: str = "key",
 ) -> Callable[[Any], Any]:
     """Keep the operator's state in ``store`` ("memory" or "rocksdb") behind a bounded write-back cache.
 
@@ -231,8 +250,20 @@ def cached_state(
     state, and the batch's end removes it (a sweep whose work is proportional
     to the keys that expire). The expiries are checkpointed with the state.
     Spark's own ``applyInPandasWithState`` has no TTL: the runners apply it.
+
+    ``layout`` (how an ``aggregate()``'s state is kept): ``"key"``, one
+    cache entry and one RocksDB record per key (the default), or
+    ``"key_group"``, one block per key group in the cache and in RocksDB
+    (:class:`state.blocks.KeyGroupCache`). Blocks take the per-key work out
+    of merging, write-backs, checkpoints, restores and reads of keys not
+    cached, but a write-back rewrites the whole block of every key group it
+    touches: choose them when most keys change between checkpoints (an
+    aggregate over hot keys) and ``max_entries`` / ``max_bytes`` hold the
+    instance's state (the bounds evict whole key groups). Blocks take no
+    ``ttl_ms``, watermarks, other policy or ``memory_budget``. Either layout
+    restores a checkpoint written with the other (converted as it is read).
     """
-    config = StateConfig(max_entries, max_bytes, policy, store, path, low_watermark, high_watermark, ttl_ms)
+    config = StateConfig(max_entries, max_bytes, policy, store, path, low_watermark, high_watermark, ttl_ms, layout)
 
     def decorate(fn: Any) -> Any:
         spec = spec_of(fn)
@@ -240,6 +271,14 @@ def cached_state(
             raise ValueError(
                 f"cached_state(ttl_ms={ttl_ms!r}) expires state by processing time; a windowed aggregate's "
                 "windows are deleted when the watermark closes them"
+            )
+        if layout != "key" and (spec.aggregations is None or spec.window is not None):
+            what = "a windowed aggregate" if spec.window is not None else (
+                "a processor" if spec.processor is not None else "a function (its state is read and written per key)"
+            )
+            raise ValueError(
+                f"cached_state(layout={layout!r}) is for aggregate(), whose accumulators are merged many keys "
+                f"at a time; {what} keeps the per-key layout"
             )
         if ttl_ms is not None and spec.processor is not None:
             raise ValueError(

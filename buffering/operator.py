@@ -19,11 +19,13 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Protocol, Sequence
 
+import numpy as np
 import pandas as pd
 
 from checkpoint import CheckpointStorage, CheckpointWriter, Manifest, TaskReport, restore
 from checkpoint.staging import sweep_stale_staging
 from state import MemoryStore, RocksDBStore, Store, WriteBackCache, key_group_range
+from state.blocks import KeyGroupCache, split_blocks
 from state.cache import CacheManager
 from state.group_state import NO_TIMESTAMP, GroupState, GroupStateTimeout
 from state.keys import NormalizedKey, key_column_values, normalize_key
@@ -275,13 +277,15 @@ class OperatorInstance:
                 self.tables[name] = root_memory.table(name)
             self._files.root = root_memory
         state_table = self.tables[STATE_TABLE]
-        self.cache: Optional[WriteBackCache] = None
+        self.cache: Optional[WriteBackCache | KeyGroupCache] = None
         if manager is not None and not isinstance(state_table, RocksDBStore):
             raise ValueError(
                 f"memory_budget={manager.max_bytes} bounds caches in front of RocksDB working stores, but this "
                 "instance keeps its state in memory: use cached_state(store='rocksdb') or a checkpoint location"
             )
-        if self.processor is None and (
+        if config.layout == "key_group":
+            self.cache = self._key_group_cache(state_table, manager, f"state[{index}/{parallelism}]")
+        elif self.processor is None and (
             config.cached or manager is not None or (config.store == "memory" and isinstance(state_table, RocksDBStore))
         ):
             self.cache = self._make_cache(state_table, f"state[{index}/{parallelism}]")
@@ -319,13 +323,28 @@ class OperatorInstance:
             name=name,
         )
 
+    def _key_group_cache(self, table: Store, manager: Optional[CacheManager], name: str) -> KeyGroupCache:
+        """The cache of key-group blocks of ``cached_state(layout="key_group")``, after checking what it refuses."""
+        config = self.spec.state  # what the layout refuses of cached_state itself, StateConfig refused
+        if not isinstance(table, RocksDBStore):
+            raise ValueError(
+                "cached_state(layout='key_group') keeps its blocks in a RocksDB working store: use store='rocksdb' "
+                "or a checkpoint location"
+            )
+        if manager is not None:
+            raise ValueError(
+                f"cached_state(layout='key_group') takes no memory_budget ({manager.max_bytes} bytes): bound it "
+                "with cached_state(max_entries=..., max_bytes=...)"
+            )
+        return KeyGroupCache(table, max_entries=config.max_entries, max_bytes=config.max_bytes, name=name)
+
     @property
     def state_table(self) -> Store:
         """The table the state lives in (behind :attr:`state` when that is a cache)."""
         return self.tables[STATE_TABLE]
 
     @property
-    def caches(self) -> list[WriteBackCache]:
+    def caches(self) -> list[WriteBackCache | KeyGroupCache]:
         """Every state cache of this instance (the state's, or one per processor variable)."""
         caches = [self.cache] if self.cache is not None else []
         if self.processor is not None:
@@ -436,6 +455,9 @@ class OperatorInstance:
         self._reload_from_tables()
 
     def _reload_from_tables(self) -> None:
+        state = self._raw.get(STATE_TABLE)
+        if self.spec.state.layout == "key" and isinstance(state, RocksDBStore):
+            split_blocks(state, self.key_groups)  # a checkpoint written with layout="key_group"
         self.timers.reload()
         if self.windows is not None:
             self.windows.reload()
@@ -666,9 +688,21 @@ class OperatorInstance:
         """
         layout = self.columnar
         assert layout is not None
-        stored = self._visible(keys, self.state.get_many(keys), processing_time_ms)
-        block = layout.merge(layout.decode(stored), incoming)
-        self.state.put_many(zip(keys, layout.encode(block)))
+        cache = self.cache
+        if isinstance(cache, KeyGroupCache):  # the values as byte ranges, never one object per key
+            merged: list[Any] = []
+
+            def update(buffer: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, ...]:
+                merged[:] = layout.merge(layout.decode_buffer(buffer, starts, lengths), incoming)
+                encoded, begins, ends = layout.encode_buffer(merged)
+                return encoded, begins, ends - begins
+
+            cache.update_values(keys, update)
+            block = merged
+        else:
+            stored = self._visible(keys, self.state.get_many(keys), processing_time_ms)
+            block = layout.merge(layout.decode(stored), incoming)
+            self.state.put_many(zip(keys, layout.encode(block)))
         if self.ttl is not None:  # every key's accumulator was updated: its expiry moves
             expires_at = expiry_for(processing_time_ms, self.ttl_ms)  # type: ignore[arg-type]
             self.ttl.set_many((nkey, expires_at) for nkey in keys)

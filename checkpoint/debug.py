@@ -9,6 +9,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from state import RocksDBStore, decode_key, denormalize_key
+from state.blocks import iter_entries
 
 from .format import DELTA, SNAPSHOT
 from .reader import restore, verify_sections
@@ -67,7 +68,7 @@ def read_state(
         try:
             tables = {name: store.table(name) for name in manifest.tables}
             restore(storage, manifest.version, groups, tables, tmp_dir=tmp)
-            for raw_key, raw_value in tables[table].iter_raw():
+            for raw_key, raw_value in iter_entries(tables[table].iter_raw()):  # key-group blocks expanded
                 key = denormalize_key(decode_key(raw_key, _KG_BYTES))
                 rows.append((int.from_bytes(raw_key[:_KG_BYTES], "big"), key, loads(raw_value)))
         finally:

@@ -513,6 +513,12 @@ class RocksDBStore(Store):
         options.set_iterate_upper_bound(upper)
         yield from self._cf.keys(from_key=lower, read_opt=options)
 
+    def iter_raw_between(self, lower: bytes, upper: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Raw records with keys in ``[lower, upper)``, in key order (one seek, then sequential reads)."""
+        options = ReadOptions()
+        options.set_iterate_upper_bound(upper)
+        yield from self._cf.items(from_key=lower, read_opt=options)
+
     def write_raw_columns(self, keys: Sequence[bytes], values: Sequence[bytes | None]) -> None:
         """:meth:`write_raw` of parallel sequences of raw keys and values (None deletes), in one write batch."""
         if len(keys) != len(values):

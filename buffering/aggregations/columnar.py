@@ -746,13 +746,27 @@ class ColumnarLayout:
                 return self._decode_objects(values)
         lengths = np.fromiter(map(len, stored), dtype=np.int64, count=len(stored))
         data = np.frombuffer(b"".join(stored), dtype=np.uint8)
-        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-        header_at = starts + _HEAD
+        starts = np.zeros(n, dtype=np.int64)
+        starts[present] = np.cumsum(lengths) - lengths
+        full = np.full(n, -1, dtype=np.int64)
+        full[present] = lengths
+        return self.decode_buffer(data, starts, full)
+
+    def decode_buffer(self, data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> list[Any]:
+        """The block of stored values lying in ``data`` (uint8) at ``starts`` with ``lengths`` (-1: no
+        value, an empty accumulator). What :meth:`decode` does once the values are in one buffer."""
+        n = len(starts)
+        present = lengths >= 0
+        if not present.any():
+            return self.empty(n)
+        at = starts[present]
+        sizes = lengths[present]
+        header_at = at + _HEAD
         width = len(self.header)
-        if (lengths < _HEAD + width + len(_IMAGE_TAIL)).any() or not np.array_equal(
-            data[header_at[:, None] + np.arange(width)], np.broadcast_to(self._header, (len(stored), width))
+        if (sizes < _HEAD + width + len(_IMAGE_TAIL)).any() or not np.array_equal(
+            data[header_at[:, None] + np.arange(width)], np.broadcast_to(self._header, (len(at), width))
         ):
-            self._refuse(stored)
+            self._refuse([data[a : a + size].tobytes() for a, size in zip(at.tolist(), sizes.tolist())])
         pos = header_at + width
         block = []
         for field in self.fields:
@@ -796,6 +810,12 @@ class ColumnarLayout:
 
     def encode(self, block: list[Any]) -> list[bytes]:
         """One stored value per row of ``block`` (the bytes of a :class:`PackedAccumulator`)."""
+        buf, starts, ends = self.encode_buffer(block)
+        data = buf.tobytes()
+        return [data[s:e] for s, e in zip(starts.tolist(), ends.tolist())]
+
+    def encode_buffer(self, block: list[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The stored values of ``block``'s rows, one after another in one buffer: ``(buffer, starts, ends)``."""
         n = self.fields[0].length(block[0])
         payload = np.full(n, len(self.header), dtype=np.int64)
         for field, column in zip(self.fields, block):
@@ -813,8 +833,7 @@ class ColumnarLayout:
         for field, column in zip(self.fields, block):
             pos = field.encode(buf, pos, column)
         buf[pos[:, None] + np.arange(len(_IMAGE_TAIL))] = self._tail
-        data = buf.tobytes()
-        return [data[s:e] for s, e in zip(starts.tolist(), ends.tolist())]
+        return buf, starts, ends
 
 
 def _field_of(parts: list[str]) -> Field:

@@ -120,6 +120,30 @@ def test_aggregate_counts_exactly_and_estimates_within_the_hll_error_bound(spark
     assert np.all(np.abs(ours["viewers"].to_numpy() - ref["viewers"].to_numpy()) <= 0.05 * ref["viewers"].to_numpy() + 1)
 
 
+@pytest.mark.parametrize("placement", ["batch", "executor"])
+def test_aggregate_in_key_group_blocks_gives_the_rows_of_the_per_key_layout(spark, input_dir, tmp_path, placement):
+    """cached_state(layout="key_group"), with a restart at another parallelism between the files."""
+    rows = {}
+    for layout in ("key", "key_group"):
+        operator = buffering.cached_state(max_entries=50, store="rocksdb", layout=layout)(
+            buffering.aggregate({"views": Count(), "viewers": ApproxDistinct("user", lg_k=12)})
+        )
+        source = str(tmp_path / f"in-{layout}")
+        os.makedirs(source)
+        out: list = []
+        for i, parallelism in enumerate((2, 3, 3)):
+            shutil.copy2(os.path.join(input_dir, f"part-{i:05d}.parquet"), source)
+            _run(spark, source, operator, str(tmp_path / f"ck-{layout}"), output_schema=None, parallelism=parallelism,
+                 sink=collect_sink(out), placement=placement)
+        rows[layout] = all_rows(out, ["tweet"])
+        assert len(rows[layout]) > 100
+    pd.testing.assert_frame_equal(rows["key_group"], rows["key"])
+    pd.testing.assert_frame_equal(
+        read_state(str(tmp_path / "ck-key_group")).assign(state=lambda d: d["state"].map(bytes)),
+        read_state(str(tmp_path / "ck-key")).assign(state=lambda d: d["state"].map(bytes)),
+    )
+
+
 def test_dedup_equals_apply_in_pandas_with_state(spark, input_dir, tmp_path):
     schema = "user long, tweet long"
     ref = reference_apply_in_pandas_with_state(

@@ -7,6 +7,7 @@ from typing import Callable, Iterator
 import pytest
 
 from state import MemoryStore, RocksDBStore, Store, StoreError, WriteBackCache
+from state.blocks import KeyGroupCache
 
 BACKENDS = ["memory", "rocksdb"]
 POLICIES = ["lru", "clock", "lfu"]
@@ -74,10 +75,17 @@ def make_cache(make_backend) -> Iterator[Callable[..., WriteBackCache]]:
             pass
 
 
-@pytest.fixture(params=["plain", "cache"])
-def any_store(request, backend_kind, make_backend) -> Store:
-    """Every backend, bare and behind a small WriteBackCache (the cache must look like a store)."""
-    backend = make_backend(backend_kind)
-    if request.param == "plain":
+ANY_STORES = ["memory-plain", "memory-cache", "rocksdb-plain", "rocksdb-cache", "rocksdb-key_groups"]
+
+
+@pytest.fixture(params=ANY_STORES)
+def any_store(request, make_backend) -> Store:
+    """Every backend, bare and behind a small WriteBackCache, and a small KeyGroupCache over RocksDB
+    (caches must look like stores)."""
+    kind, wrapper = request.param.split("-")
+    backend = make_backend(kind)
+    if wrapper == "plain":
         return backend
-    return WriteBackCache(backend, max_entries=2)
+    if wrapper == "cache":
+        return WriteBackCache(backend, max_entries=2)
+    return KeyGroupCache(backend, max_entries=2)

@@ -123,6 +123,16 @@ def _rss_growth_script(policy: str, keys: int, max_bytes: int) -> str:
         if {policy!r} == "manager":
             manager = CacheManager({max_bytes}, memory_limit=64 << 30)
             caches = [WriteBackCache(store.table(f"t{{i}}"), manager=manager) for i in range(4)]
+        elif {policy!r} == "key_group":
+            from state.blocks import KeyGroupCache
+            cache = KeyGroupCache(store, max_bytes={max_bytes})
+            gc.collect()
+            base = peak = current_rss_bytes()
+            for start in range(0, {keys}, 4096):  # as an aggregate's merges write: many keys at a time
+                cache.put_many((i, (i, "v" * 20)) for i in range(start, min({keys}, start + 4096)))
+                peak = max(peak, current_rss_bytes())
+            print(json.dumps({{"growth": peak - base}}))
+            raise SystemExit
         else:
             caches = [WriteBackCache(store, max_bytes={max_bytes}, policy={policy!r})]
         gc.collect()
@@ -143,6 +153,20 @@ def test_rss_grows_at_most_twice_max_bytes_with_many_more_keys_than_fit(policy):
     max_bytes = 16 << 20
     done = subprocess.run(
         [sys.executable, "-c", _rss_growth_script(policy, 600_000, max_bytes)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    growth = json.loads(done.stdout.strip().splitlines()[-1])["growth"]
+    assert growth <= 2 * max_bytes, f"RSS grew {growth / 2**20:.1f} MB for a {max_bytes / 2**20:.0f} MB bound"
+
+
+@pytest.mark.slow
+def test_rss_of_key_group_blocks_grows_at_most_twice_max_bytes_with_more_keys_than_fit():
+    """cached_state(layout="key_group"): every batch touches every key group of a state about three
+    times the bound (the layout's worst case), loading and writing back whole key groups."""
+    max_bytes = 16 << 20
+    done = subprocess.run(
+        [sys.executable, "-c", _rss_growth_script("key_group", 300_000, max_bytes)],
         capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]

@@ -1,0 +1,690 @@
+"""Key-group blocks: a table's entries kept as one RocksDB record per key group, cached as blocks.
+
+A :class:`~state.RocksDBStore` keeps one record per key, and a
+:class:`~state.WriteBackCache` one Python object per key, so every read of a
+key not cached, every write-back, every checkpoint section, every restore and
+every value crossing the cache is a call and some Python work per key. When
+most keys of a key group change between checkpoints (an aggregate over hot
+keys: every batch touches most of its keys), that per-key work is most of an
+operator's state cost. :class:`KeyGroupCache` keeps the same entries per key
+group instead:
+
+* in memory, a block per key group: the raw keys, an index from raw key to
+  row, and the values in one byte buffer (a start and a length per row), so
+  values go in and out as byte ranges of numpy buffers
+  (:meth:`KeyGroupCache.read_values`, :meth:`KeyGroupCache.write_values`);
+* in RocksDB, a few records per key group (the block cut into records of
+  about :data:`BLOCK_RECORD_BYTES`): the key is the key group's 2-byte prefix,
+  ``0xFF`` (the first byte of no encoded key) and the record's number (u16),
+  the value ``MAGIC``, the entry count (u32), the raw key lengths and value
+  lengths (u32 each), the raw keys, the values.
+
+The checkpoint layer moves the block records as any raw records: key groups
+stay contiguous ranges, so deltas, snapshots, restores and rescales work
+unchanged, and :func:`iter_entries` turns raw records back into per-key
+records for readers of checkpoints (``read_state``, exports). A key group
+holding per-key records (a table written with the per-key layout) is read as
+those entries over its block, and written back as block records (the per-key
+records deleted); :func:`split_blocks` goes the other way for a table opened
+with per-key records.
+
+Cost: a write-back rewrites the whole block of every key group it touches, so
+the layout pays off when most of a key group changes between write-backs and
+the cache holds the state; when a few keys of a large state change it writes
+more than per-key records.
+"""
+
+from __future__ import annotations
+
+import struct
+import weakref
+from collections import OrderedDict
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional, Sequence
+
+import numpy as np
+
+from .base import MISSING, Store, StoreClosedError
+from .cache.malloc import pin_mmap_threshold, release_free_memory
+from .keys import NormalizedKey, decode_key
+from .raw import KEY_GROUP_BYTES
+from .rocksdb import RocksDBStore
+
+#: A write-back of many key groups goes to RocksDB in write batches of about this many bytes.
+WRITE_BATCH_BYTES = 4 << 20
+#: The first bytes of every block value.
+MAGIC = b"OPBK\x01"
+_HEAD = len(MAGIC) + 4
+#: Bytes a block row costs in memory besides its value: the raw key object, its index entry and
+#: its start and length (measured: 119-131 bytes for 11-byte keys with CPython 3.11).
+ROW_OVERHEAD_BYTES = 128
+
+
+#: A block record holds at most about this many bytes of keys and values: a key group's block is
+#: cut into records of this size. RocksDB keeps large values in memory many times over (rewriting
+#: 128 values of 400 KB raised the RSS of a store capped at 16 MB by 60-112 MB; of 64 KB, by 38 MB).
+BLOCK_RECORD_BYTES = 64 << 10
+#: The byte after the key-group prefix of a block record's key (no encoded key starts with it).
+_BLOCK_MARK = 0xFF
+
+
+def block_key(prefix: bytes, chunk: int) -> bytes:
+    """The raw key of record ``chunk`` of the block of key group ``prefix``."""
+    return prefix + bytes([_BLOCK_MARK]) + chunk.to_bytes(2, "big")
+
+
+def is_block_key(raw_key: bytes) -> bool:
+    """Whether a raw key is one of a key group's block records rather than one entry's key."""
+    return len(raw_key) == KEY_GROUP_BYTES + 3 and raw_key[KEY_GROUP_BYTES] == _BLOCK_MARK
+
+
+def _prefix_after(prefix: bytes) -> bytes:
+    """The first raw key after every key of the key group ``prefix`` (key groups are below 2**15)."""
+    return (int.from_bytes(prefix, "big") + 1).to_bytes(KEY_GROUP_BYTES, "big")
+
+
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenated ``arange(s, s + n)`` for each (s, n), without a Python loop."""
+    lengths = lengths.astype(np.int64, copy=False)
+    total = int(lengths.sum())
+    if not total:
+        return np.empty(0, dtype=np.int64)
+    ends = np.cumsum(lengths)
+    return np.arange(total, dtype=np.int64) + np.repeat(starts.astype(np.int64) - (ends - lengths), lengths)
+
+
+def encode_block(keys: Sequence[bytes], values: Sequence[bytes]) -> bytes:
+    """A block record's value holding raw keys and their serialized values, in the order given."""
+    n = len(keys)
+    lengths = np.empty(2 * n, dtype="<u4")
+    lengths[:n] = np.fromiter(map(len, keys), dtype=np.int64, count=n)
+    lengths[n:] = np.fromiter(map(len, values), dtype=np.int64, count=n)
+    return b"".join((MAGIC, struct.pack("<I", n), lengths.tobytes(), *keys, *values))
+
+
+def _parse(value: bytes) -> tuple[list[bytes], np.ndarray, np.ndarray, np.ndarray]:
+    """``(raw keys, values buffer, value starts, value lengths)`` of a block record's value."""
+    if not value.startswith(MAGIC) or len(value) < _HEAD:
+        raise ValueError(f"not a key-group block: {bytes(value[:16])!r}...")
+    (n,) = struct.unpack_from("<I", value, len(MAGIC))
+    table_end = _HEAD + 8 * n
+    if len(value) < table_end:
+        raise ValueError(f"a key-group block of {n} entries is truncated ({len(value)} bytes)")
+    lengths = np.frombuffer(value, dtype="<u4", count=2 * n, offset=_HEAD).astype(np.int64)
+    ends = np.cumsum(lengths) + table_end
+    if n and int(ends[-1]) != len(value):
+        raise ValueError(f"a key-group block of {n} entries has {len(value)} bytes, its lengths say {int(ends[-1])}")
+    key_ends = ends[:n]
+    keys = [value[a:b] for a, b in zip((key_ends - lengths[:n]).tolist(), key_ends.tolist())]
+    values_at = int(key_ends[-1]) if n else table_end
+    data = np.frombuffer(value, dtype=np.uint8, offset=values_at).copy()
+    value_lengths = lengths[n:].copy()
+    value_starts = ends[n:] - value_lengths - values_at
+    return keys, data, value_starts, value_lengths
+
+
+def decode_block(value: bytes) -> tuple[list[bytes], list[bytes]]:
+    """``(raw keys, values)`` of a block record's value; ValueError for a value that is not a whole block."""
+    keys, data, starts, lengths = _parse(value)
+    raw = data.tobytes()
+    return keys, [raw[a:b] for a, b in zip(starts.tolist(), (starts + lengths).tolist())]
+
+
+def iter_entries(records: Iterable[tuple[bytes, bytes]]) -> Iterator[tuple[bytes, bytes]]:
+    """The per-key records of raw records in key order: blocks expanded (a per-key record of a key
+    group overrides its block's entry of the same key), in key order."""
+    group: Optional[bytes] = None
+    entries: dict[bytes, bytes] = {}
+    has_block = False
+    for raw_key, raw_value in records:
+        prefix = raw_key[:KEY_GROUP_BYTES]
+        if prefix != group:
+            yield from (sorted(entries.items()) if has_block else entries.items())
+            group, entries, has_block = prefix, {}, False
+        if is_block_key(raw_key):
+            keys, values = decode_block(raw_value)
+            for key, value in zip(keys, values):
+                entries.setdefault(key, value)  # a per-key record read before it wins
+            has_block = True
+        else:
+            entries[raw_key] = raw_value
+    yield from (sorted(entries.items()) if has_block else entries.items())
+
+
+def split_blocks(table: RocksDBStore, key_groups: range) -> int:
+    """Turn the block records of ``key_groups`` into per-key records (the per-key layout); return how
+    many key groups had blocks.
+
+    For a table written as blocks and opened with per-key records: one seek per
+    key group to its block records (which sort after its per-key records) and,
+    when there are any, one write batch, recorded as changes (the next checkpoint
+    writes those key groups again).
+    """
+    pairs: list[tuple[bytes, Optional[bytes]]] = []
+    found = 0
+    for g in key_groups:
+        prefix = g.to_bytes(KEY_GROUP_BYTES, "big")
+        blocks = list(table.iter_raw_between(block_key(prefix, 0), _prefix_after(prefix)))
+        if not blocks:
+            continue
+        found += 1
+        present = {k for k in table.iter_raw_keys(prefix, block_key(prefix, 0))}  # per-key records win
+        for raw_key, value in blocks:
+            keys, values = decode_block(value)
+            pairs.extend((k, v) for k, v in zip(keys, values) if k not in present)
+            pairs.append((raw_key, None))
+    if pairs:
+        table.write_raw(pairs, track=True)
+    return found
+
+
+def _grown(array: np.ndarray, used: int, need: int) -> np.ndarray:
+    """``array`` with room for ``need`` items, its first ``used`` kept (capacity doubles: appends are
+    amortized O(1) per item)."""
+    if need <= len(array):
+        return array
+    grown = np.empty(max(need, 2 * len(array), 16), dtype=array.dtype)
+    grown[:used] = array[:used]
+    return grown
+
+
+class _KeyGroup:
+    """One key group's entries in memory: raw keys, their rows, the values as byte ranges of one buffer.
+
+    Rows are never reordered: a new key takes the next row, a delete leaves a
+    dead row (length -1) until :meth:`compact`. Updated values are appended to
+    the buffer; the old bytes stay until :meth:`compact`. The buffer and the
+    row arrays keep spare capacity, so one key's update costs O(its bytes).
+    """
+
+    __slots__ = ("keys", "index", "_data", "used", "_starts", "_lengths", "live_bytes", "dirty", "folded", "stored", "__weakref__")
+
+    def __init__(self, keys: list[bytes], data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> None:
+        self.keys = keys
+        self.index: dict[bytes, int] = dict(zip(keys, range(len(keys))))
+        self._data = data
+        self.used = len(data)
+        self._starts = starts
+        self._lengths = lengths
+        self.live_bytes = int(lengths[lengths >= 0].sum())
+        self.dirty = False
+        #: Per-key records of this key group in the table, to delete at the next write-back.
+        self.folded: list[bytes] = []
+        #: How many block records of this key group the table holds.
+        self.stored = 0
+
+    @classmethod
+    def empty(cls) -> "_KeyGroup":
+        return cls([], np.empty(0, np.uint8), np.empty(0, np.int64), np.empty(0, np.int64))
+
+    @property
+    def data(self) -> np.ndarray:
+        return self._data[: self.used]
+
+    @property
+    def starts(self) -> np.ndarray:
+        return self._starts[: len(self.keys)]
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return self._lengths[: len(self.keys)]
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def memory_bytes(self) -> int:
+        return int(self._data.nbytes) + ROW_OVERHEAD_BYTES * len(self.keys)
+
+    def rows_of(self, keys: Sequence[bytes]) -> np.ndarray:
+        """The row of each raw key (-1: not held)."""
+        get = self.index.get
+        return np.array([get(k, -1) for k in keys], dtype=np.int64)
+
+    def add(self, keys: Sequence[bytes]) -> np.ndarray:
+        """New rows for raw keys not held (distinct), with no value yet; their rows."""
+        first = len(self.keys)
+        end = first + len(keys)
+        self._starts = _grown(self._starts, first, end)
+        self._lengths = _grown(self._lengths, first, end)
+        self._lengths[first:end] = -1
+        self.keys.extend(keys)
+        rows = np.arange(first, end, dtype=np.int64)
+        self.index.update(zip(keys, rows.tolist()))
+        return rows
+
+    def delete(self, rows: np.ndarray) -> None:
+        """Drop the entries of ``rows`` (their rows stay dead until :meth:`compact`)."""
+        index = self.index
+        for row in rows.tolist():
+            del index[self.keys[row]]
+        self.live_bytes -= int(self._lengths[rows].sum())
+        self._lengths[rows] = -1
+        self.dirty = True
+
+    def set(self, rows: np.ndarray, source: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> None:
+        """Set the value of each of ``rows`` (distinct) to ``source[starts[i]:starts[i] + lengths[i]]``."""
+        old = self._lengths[rows]
+        self.live_bytes -= int(old[old >= 0].sum())
+        lengths = lengths.astype(np.int64, copy=False)
+        total = int(lengths.sum())
+        used = self.used
+        self._data = _grown(self._data, used, used + total)
+        self._data[used : used + total] = source[_ranges(starts, lengths)]
+        self.used = used + total
+        self._starts[rows] = np.cumsum(lengths) - lengths + used
+        self._lengths[rows] = lengths
+        self.live_bytes += total
+        self.dirty = True
+        if self.used > 4 * self.live_bytes + 4096:  # replaced values pile up until the write-back compacts
+            self.compact()
+
+    def compact(self) -> None:
+        """Drop dead rows and the bytes of replaced values (capacity shrinks to what is held)."""
+        lengths = self.lengths
+        alive = lengths >= 0
+        starts, lengths = self.starts[alive], lengths[alive]  # before the keys shrink (the views follow them)
+        if not alive.all():
+            self.keys = [k for k, keep in zip(self.keys, alive.tolist()) if keep]
+            self.index = dict(zip(self.keys, range(len(self.keys))))
+        self._data = self._data[_ranges(starts, lengths)]
+        self.used = len(self._data)
+        self._lengths = lengths
+        self._starts = np.cumsum(lengths) - lengths
+        self.live_bytes = self.used
+
+    def records(self) -> list[bytes]:
+        """This key group's block record values, each about :data:`BLOCK_RECORD_BYTES` or less (none when
+        it has no entries); compacts first."""
+        self.compact()
+        n = len(self.keys)
+        if not n:
+            return []
+        key_lengths = np.fromiter(map(len, self.keys), dtype=np.int64, count=n)
+        lengths = self._lengths
+        ends = np.cumsum(key_lengths + lengths + 8)
+        cuts = np.flatnonzero(np.diff(ends // BLOCK_RECORD_BYTES)) + 1  # a row that crosses a boundary starts a record
+        out = []
+        for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), n]):
+            table = np.concatenate([key_lengths[lo:hi], lengths[lo:hi]]).astype("<u4")
+            first, last = int(self._starts[lo]), int(self._starts[hi - 1] + lengths[hi - 1])
+            out.append(b"".join((MAGIC, struct.pack("<I", hi - lo), table.tobytes(), *self.keys[lo:hi],
+                                 self._data[first:last].tobytes())))
+        return out
+
+
+class _Located(NamedTuple):
+    """Keys of one key group in a call: the group, their positions in the call, raw keys, rows then."""
+
+    prefix: bytes
+    at: np.ndarray
+    keys: list[bytes]
+    rows: Any  # np.ndarray, or None when not looked up
+    group: Callable[[], Optional[_KeyGroup]]  # a weak reference to the group the rows are of
+
+
+def _no_group() -> None:
+    return None
+
+
+class KeyGroupCache(Store):
+    """A write-back cache of key-group blocks in front of a RocksDB table that keeps one record per key group.
+
+    The :class:`~state.Store` interface per key (values serialized with the
+    table's serializer), plus :meth:`read_values` / :meth:`write_values`, which
+    move many keys' serialized values as byte ranges of numpy buffers. Key
+    groups are loaded whole (one range scan) and evicted whole, least recently
+    used first, when the entries held pass ``max_entries`` or their bytes
+    (values plus :data:`ROW_OVERHEAD_BYTES` a row) pass ``max_bytes``; a dirty
+    one is written back first. :meth:`flush` writes back every dirty key group
+    in one write batch (the table records the block keys as changes).
+
+    Complexity: reading or writing k keys of g key groups is O(k) Python (an
+    index lookup each) plus numpy copies of their bytes, plus for each of the g
+    groups not held one range scan and O(entries of the group) to index it; a
+    write-back of a key group is O(its bytes).
+    """
+
+    batches_writes = True
+
+    def __init__(
+        self,
+        table: RocksDBStore,
+        *,
+        max_entries: Optional[int] = None,
+        max_bytes: Optional[int] = None,
+        name: str = "state",
+    ) -> None:
+        if not isinstance(table, RocksDBStore):
+            raise TypeError(f"KeyGroupCache keeps its blocks in a RocksDBStore table, got {type(table).__name__}")
+        if table.group_columns is not None:
+            raise ValueError(f"table {table.name!r} groups its keys by columns (group_columns); blocks do not")
+        for label, bound in (("max_entries", max_entries), ("max_bytes", max_bytes)):
+            if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int) or bound < 1):
+                raise ValueError(f"{label} must be a positive int or None, got {bound!r}")
+        super().__init__(
+            name=table.name, max_parallelism=table.max_parallelism, key_types=table.key_types, serializer=table.serializer
+        )
+        self.cache_name = name
+        if max_bytes is not None:
+            pin_mmap_threshold()  # its blocks are large allocations: freed ones must leave the process
+        self._table = table
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self._groups: OrderedDict[bytes, _KeyGroup] = OrderedDict()
+        self._closed = False
+        self._hits = 0
+        self._misses = 0
+        self._loads = 0
+        self._evictions = 0
+        self._writes = 0
+        self._write_batches = 0
+
+    # ------------------------------------------------------------ key groups
+    @property
+    def table_store(self) -> RocksDBStore:
+        """The RocksDB table the blocks are written to (what checkpoints read)."""
+        return self._table
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"cache {self.cache_name!r} is closed")
+
+    def _group(self, prefix: bytes) -> _KeyGroup:
+        """The key group's block, loaded from the table when not held (most recently used now)."""
+        group = self._groups.get(prefix)
+        if group is not None:
+            self._groups.move_to_end(prefix)
+            return group
+        parsed = []
+        extra: dict[bytes, bytes] = {}
+        for raw_key, raw_value in self._table.iter_raw_between(prefix, _prefix_after(prefix)):
+            if is_block_key(raw_key):
+                parsed.append(_parse(raw_value))
+            else:
+                extra[raw_key] = raw_value
+        if not parsed:
+            group = _KeyGroup.empty()
+        elif len(parsed) == 1:
+            group = _KeyGroup(*parsed[0])
+        else:
+            shifts = np.cumsum([0] + [len(data) for _, data, _, _ in parsed[:-1]])
+            group = _KeyGroup(
+                [k for keys, _, _, _ in parsed for k in keys],
+                np.concatenate([data for _, data, _, _ in parsed]),
+                np.concatenate([starts + shift for (_, _, starts, _), shift in zip(parsed, shifts.tolist())]),
+                np.concatenate([lengths for _, _, _, lengths in parsed]),
+            )
+        group.stored = len(parsed)
+        if parsed:
+            self._loads += 1
+        if extra:  # per-key records (the per-key layout): entries over the block, folded at write-back
+            keys = list(extra)
+            values = list(extra.values())
+            lengths = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
+            rows = group.rows_of(keys)
+            missing = rows < 0
+            if missing.any():
+                rows[missing] = group.add([k for k, m in zip(keys, missing.tolist()) if m])
+            group.set(rows, np.frombuffer(b"".join(values), dtype=np.uint8), np.cumsum(lengths) - lengths, lengths)
+            group.folded = keys
+        self._groups[prefix] = group
+        return group
+
+    def _locate(self, nkeys: Sequence[NormalizedKey]) -> tuple[list[bytes], list[tuple[bytes, np.ndarray]]]:
+        """The raw keys of ``nkeys`` and, per key group, its prefix and the positions of its keys."""
+        raw_keys = self._table.raw_keys(nkeys)
+        if not raw_keys:
+            return raw_keys, []
+        groups = np.frombuffer(b"".join([k[:KEY_GROUP_BYTES] for k in raw_keys]), dtype=">u2")
+        order = np.argsort(groups, kind="stable")
+        cuts = np.flatnonzero(np.diff(groups[order])) + 1
+        return raw_keys, [(raw_keys[int(at[0])][:KEY_GROUP_BYTES], at) for at in np.split(order, cuts)]
+
+    def _held(self, prefix: bytes, n: int) -> _KeyGroup:
+        if prefix in self._groups:
+            self._hits += n
+        else:
+            self._misses += n
+        return self._group(prefix)
+
+    # ------------------------------------------------------------ many keys as byte ranges
+    def read_values(self, nkeys: Sequence[NormalizedKey]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The serialized values of ``nkeys`` in one buffer: ``(buffer, starts, lengths)``, one start and
+        length per key in order (length -1: no value)."""
+        self._check_open()
+        raw_keys, located = self._locate(nkeys)
+        return self._gather(raw_keys, located)[:3]
+
+    def _gather(self, raw_keys: list[bytes], located: list[tuple[bytes, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[_Located]]:
+        """The values of the located keys in one buffer, and where each key group's keys were found.
+
+        The bounds are kept after each key group (reading every key group of a
+        state larger than the bound holds one bound's worth at a time)."""
+        n = len(raw_keys)
+        starts = np.zeros(n, dtype=np.int64)
+        lengths = np.full(n, -1, dtype=np.int64)
+        pieces: list[np.ndarray] = []
+        parts = []
+        offset = 0
+        for prefix, at in located:
+            group = self._held(prefix, len(at))
+            keys = [raw_keys[i] for i in at.tolist()]
+            rows = group.rows_of(keys)
+            parts.append(_Located(prefix, at, keys, rows, weakref.ref(group)))
+            found = rows >= 0
+            if found.any():
+                held_rows = rows[found]
+                row_lengths = group.lengths[held_rows]
+                pieces.append(group.data[_ranges(group.starts[held_rows], row_lengths)])
+                starts[at[found]] = offset + np.cumsum(row_lengths) - row_lengths
+                lengths[at[found]] = row_lengths
+                offset += int(row_lengths.sum())
+            del group
+            self._bound()
+        if not pieces:
+            buffer = np.empty(0, np.uint8)
+        else:
+            buffer = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+        return buffer, starts, lengths, parts
+
+    def _scatter(self, parts: list[_Located], source: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> None:
+        """Each located key's new value (length -1: delete), from ``source``; the bounds kept after each
+        key group (one evicted since it was located is loaded again)."""
+        for part in parts:
+            group = self._group(part.prefix)
+            rows = part.rows if part.group() is group else group.rows_of(part.keys)
+            new_lengths = lengths[part.at]
+            put = new_lengths >= 0
+            new = put & (rows < 0)
+            if new.any():
+                rows = rows.copy()
+                rows[new] = group.add([k for k, m in zip(part.keys, new.tolist()) if m])
+            gone = ~put & (rows >= 0)
+            if gone.any():
+                group.delete(rows[gone])
+            if put.any():
+                group.set(rows[put], source, starts[part.at][put], new_lengths[put])
+            del group
+            self._bound()
+
+    def update_values(
+        self,
+        nkeys: Sequence[NormalizedKey],
+        update: Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]],
+    ) -> None:
+        """Read the serialized values of distinct ``nkeys`` as :meth:`read_values` gives them, hand them
+        to ``update``, and set each key to what it returns (``(buffer, starts, lengths)`` in the same
+        order; length -1 deletes). The keys are located once; when the key groups fit the bounds they
+        stay held in between."""
+        self._check_open()
+        raw_keys, located = self._locate(nkeys)
+        if len(set(raw_keys)) != len(raw_keys):
+            raise ValueError("update_values takes distinct keys")
+        buffer, starts, lengths, parts = self._gather(raw_keys, located)
+        source, new_starts, new_lengths = update(buffer, starts, lengths)
+        if len(new_starts) != len(raw_keys) or len(new_lengths) != len(raw_keys):
+            raise ValueError(f"update returned {len(new_starts)} values for {len(raw_keys)} keys")
+        self._scatter(parts, source, np.asarray(new_starts, dtype=np.int64), np.asarray(new_lengths, dtype=np.int64))
+
+    def write_values(self, nkeys: Sequence[NormalizedKey], source: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> None:
+        """Set each key's serialized value to ``source[starts[i]:starts[i] + lengths[i]]`` (length -1
+        deletes it); the last write of a repeated key wins. Written back at :meth:`flush` or eviction."""
+        self._check_open()
+        if not len(nkeys):
+            return
+        last = dict(zip(self._table.raw_keys(nkeys), range(len(nkeys))))  # the last write of a key wins
+        if len(last) != len(nkeys):
+            pick = np.fromiter(last.values(), dtype=np.int64, count=len(last))
+            nkeys = [nkeys[i] for i in pick.tolist()]
+            starts, lengths = np.asarray(starts)[pick], np.asarray(lengths)[pick]
+        raw_keys, located = self._locate(nkeys)
+        parts = [_Located(prefix, at, [raw_keys[i] for i in at.tolist()], None, _no_group) for prefix, at in located]
+        self._scatter(parts, source, np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64))
+
+    # ------------------------------------------------------------ bounds and write-back
+    def held_entries(self) -> int:
+        return sum(len(g) for g in self._groups.values())
+
+    def estimated_bytes(self) -> int:
+        return sum(g.memory_bytes() for g in self._groups.values())
+
+    def _bound(self) -> None:
+        """Evict least recently used key groups until within the bounds (dirty ones written back first, in
+        one write batch). Bounds hold per key group: one larger than a bound is evicted after each use."""
+        if self.max_entries is None and self.max_bytes is None:
+            return
+        entries = self.held_entries()
+        size = self.estimated_bytes() if self.max_bytes is not None else 0
+        out: list[bytes] = []
+        for prefix, group in self._groups.items():
+            if not ((self.max_entries is not None and entries > self.max_entries) or (
+                self.max_bytes is not None and size > self.max_bytes
+            )):
+                break
+            out.append(prefix)
+            entries -= len(group)
+            size -= group.memory_bytes()
+        if not out:
+            return
+        self._write_back([(p, self._groups[p]) for p in out if self._groups[p].dirty])
+        for prefix in out:
+            del self._groups[prefix]
+        self._evictions += len(out)
+        if self.max_bytes is not None:
+            release_free_memory()  # what the evicted blocks freed in pieces goes back to the OS
+
+    def _write_back(self, groups: Sequence[tuple[bytes, _KeyGroup]]) -> None:
+        """Write the groups' block records (and delete their folded per-key records and records beyond
+        the new count), in write batches of about WRITE_BATCH_BYTES; a group is clean once its batch is
+        written."""
+        pairs: list[tuple[bytes, Optional[bytes]]] = []
+        written: list[tuple[_KeyGroup, int]] = []
+        pending = 0
+        for i, (prefix, group) in enumerate(groups):
+            pairs.extend((raw_key, None) for raw_key in group.folded)
+            records = group.records()
+            pairs.extend((block_key(prefix, r), value) for r, value in enumerate(records))
+            pairs.extend((block_key(prefix, r), None) for r in range(len(records), group.stored))
+            pending += sum(map(len, records))
+            written.append((group, len(records)))
+            if pending >= WRITE_BATCH_BYTES or i == len(groups) - 1:
+                self._table.write_raw(pairs, track=True)
+                for done, stored in written:
+                    done.stored, done.dirty, done.folded = stored, False, []
+                self._write_batches += 1
+                self._writes += len(written)
+                pairs, written, pending = [], [], 0
+
+    def flush(self, durable: bool = False) -> None:
+        """Write back every dirty key group (one write batch); with ``durable`` also flush the table."""
+        self._check_open()
+        self._write_back([(p, g) for p, g in self._groups.items() if g.dirty])
+        if durable:
+            self._table.flush()
+
+    @property
+    def dirty_groups(self) -> int:
+        return sum(1 for g in self._groups.values() if g.dirty)
+
+    def rebind(self, table: RocksDBStore) -> None:
+        """Point a flushed cache at ``table``: the same store reopened (its contents must be unchanged)."""
+        if self.dirty_groups:
+            raise RuntimeError(f"{self.cache_name}: flush() before rebind(); {self.dirty_groups} key groups are dirty")
+        self._table = table
+
+    def stats(self) -> dict[str, Any]:
+        """Counters and gauges (the keys of ``WriteBackCache.stats`` that apply; reads count per key)."""
+        reads = self._hits + self._misses
+        return {
+            "hits": self._hits,
+            "misses": self._misses,
+            "hit_ratio": self._hits / reads if reads else 0.0,
+            "loads": self._loads,
+            "evictions": self._evictions,
+            "dirty": self.dirty_groups,
+            "entries": self.held_entries(),
+            "key_groups": len(self._groups),
+            "syncs": 0,
+            "writes": self._writes,
+            "write_batches": self._write_batches,
+            "max_entries": self.max_entries,
+            "max_bytes": self.max_bytes,
+            "granted_bytes": None,
+            "estimated_bytes": self.estimated_bytes(),
+            "layout": "key_group",
+        }
+
+    # ------------------------------------------------------------ the Store interface
+    def _load(self, nkey: NormalizedKey) -> Any:
+        return self._load_many([nkey])[0]
+
+    def _load_many(self, nkeys: Sequence[NormalizedKey]) -> list[Any]:
+        buffer, starts, lengths = self.read_values(nkeys)
+        raw = buffer.tobytes()
+        loads = self.serializer.loads
+        return [
+            MISSING if length < 0 else loads(raw[start : start + length])
+            for start, length in zip(starts.tolist(), lengths.tolist())
+        ]
+
+    def _write(self, items: Iterable[tuple[NormalizedKey, Any]]) -> None:
+        dumps = self.serializer.dumps
+        self._write_serialized([(k, None if v is MISSING else dumps(v)) for k, v in items])
+
+    def _write_serialized(self, items: Iterable[tuple[NormalizedKey, Optional[bytes]]]) -> None:
+        nkeys: list[NormalizedKey] = []
+        values: list[bytes] = []
+        lengths: list[int] = []
+        for nkey, value in items:
+            nkeys.append(nkey)
+            if value is None:
+                lengths.append(-1)
+            else:
+                values.append(value)
+                lengths.append(len(value))
+        sizes = np.asarray(lengths, dtype=np.int64)
+        starts = np.cumsum(np.maximum(sizes, 0)) - np.maximum(sizes, 0)
+        self.write_values(nkeys, np.frombuffer(b"".join(values), dtype=np.uint8), starts, sizes)
+
+    def _iter_items(self) -> Iterator[tuple[NormalizedKey, Any]]:
+        self.flush()
+        loads = self.serializer.loads
+        for raw_key, raw_value in iter_entries(self._table.iter_raw()):
+            yield decode_key(raw_key, KEY_GROUP_BYTES), loads(raw_value)
+
+    def table(self, name: str) -> Store:
+        return self._table.table(name)
+
+    def tables(self) -> list[str]:
+        return self._table.tables()
+
+    def close(self) -> None:
+        """Write back, then close the table."""
+        if self._closed:
+            return
+        self.flush(durable=True)
+        self._closed = True
+        self._groups.clear()
+        self._table.close()
+
+    def __repr__(self) -> str:
+        return f"KeyGroupCache({self._table!r}, key_groups={len(self._groups)}, dirty={self.dirty_groups})"

@@ -1,0 +1,201 @@
+"""cached_state(layout="key_group"): one block per key group, in the cache and in RocksDB.
+
+The layout changes how the state is kept, never what it is: outputs, the state
+and every checkpoint's content equal the per-key layout's, across evictions,
+restarts at other parallelisms, failed batches, and restarts that change the
+layout of an existing checkpoint.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from buffering import ApproxDistinct, Count, LocalRunner, Max, Mean, Min, Sum, aggregate, cached_state, mini_batch
+from buffering.operator import OperatorInstance
+from buffering.windows import Tumbling
+from state.blocks import KeyGroupCache, is_block_key
+
+from .helpers import Clock, checkpoint_table, with_batch
+
+AGGS = {"n": Count(), "s": Sum("v"), "lo": Min("v"), "hi": Max("v"), "avg": Mean("v"), "users": ApproxDistinct("u")}
+
+
+def batches(seed: int = 3, n: int = 9) -> list[pd.DataFrame]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        rows = int(rng.integers(0, 300))
+        out.append(pd.DataFrame({
+            "k": rng.integers(0, 60, rows).astype(np.int64),
+            "u": rng.integers(0, 500, rows).astype(np.int64),
+            "v": rng.integers(-50, 100, rows).astype(np.int64),
+        }))
+    return out
+
+
+def operator(layout: str, max_entries: int = 1_000):
+    return cached_state(max_entries=max_entries, store="rocksdb", layout=layout)(aggregate(AGGS))
+
+
+def run(layout: str, location, frames, schedule=(1,), max_entries: int = 1_000) -> list[pd.DataFrame]:
+    """Process ``frames`` split evenly over restarts at the parallelisms of ``schedule``."""
+    outputs = []
+    per_run = -(-len(frames) // len(schedule))
+    for run_index, parallelism in enumerate(schedule):
+        runner = LocalRunner(
+            operator(layout, max_entries), key="k", parallelism=parallelism, clock=Clock(), checkpoint_location=location
+        )
+        outputs += [runner.process(f) for f in frames[run_index * per_run : (run_index + 1) * per_run]]
+        runner.close()
+    return outputs
+
+
+@pytest.mark.parametrize("parallelism", [1, 3])
+def test_outputs_and_checkpoints_equal_the_per_key_layouts(tmp_path, parallelism):
+    frames = batches()
+    expected = run("key", tmp_path / "key", frames, (parallelism,))
+    got = run("key_group", tmp_path / "key_group", frames, (parallelism,))
+    pd.testing.assert_frame_equal(with_batch(got), with_batch(expected))
+    assert checkpoint_table(tmp_path / "key_group") == checkpoint_table(tmp_path / "key")
+
+
+def test_evicting_key_groups_loses_nothing(tmp_path):
+    frames = batches(4)
+    expected = run("key", tmp_path / "key", frames)
+    got = run("key_group", tmp_path / "key_group", frames, max_entries=5)  # far fewer than the 60 keys
+    pd.testing.assert_frame_equal(with_batch(got), with_batch(expected))
+    assert checkpoint_table(tmp_path / "key_group") == checkpoint_table(tmp_path / "key")
+
+
+def test_restarts_at_other_parallelisms_continue_the_state(tmp_path):
+    frames = batches(5)
+    expected = run("key", tmp_path / "key", frames)
+    got = run("key_group", tmp_path / "key_group", frames, schedule=(1, 3, 8, 2))
+    pd.testing.assert_frame_equal(with_batch(got), with_batch(expected))
+    assert checkpoint_table(tmp_path / "key_group") == checkpoint_table(tmp_path / "key")
+
+
+@pytest.mark.parametrize("first, second", [("key", "key_group"), ("key_group", "key")])
+def test_a_restart_with_the_other_layout_converts_the_checkpoint(tmp_path, first, second):
+    frames = batches(6)
+    expected = run("key", tmp_path / "key", frames)
+    location = tmp_path / "switched"
+    outputs = run(first, location, frames[:4], (2,))
+    outputs += run(second, location, frames[4:], (3,))
+    pd.testing.assert_frame_equal(with_batch(outputs), with_batch(expected))
+    assert checkpoint_table(location) == checkpoint_table(tmp_path / "key")
+
+
+def test_the_working_store_holds_block_records_per_key_group(tmp_path):
+    runner = LocalRunner(operator("key_group"), key="k", clock=Clock(), checkpoint_location=tmp_path / "ck")
+    frames = batches(7, n=3)
+    for frame in frames:
+        runner.process(frame)
+    instance = runner.instances[0]
+    assert isinstance(instance.cache, KeyGroupCache)
+    raw = instance.tables["state"]
+    keys = [raw_key for raw_key, _ in raw.iter_raw()]
+    groups = {raw.key_group(int(k)) for k in pd.concat(frames)["k"].unique()}
+    assert keys and all(is_block_key(k) for k in keys)
+    assert {int.from_bytes(k[:2], "big") for k in keys} == groups
+    assert len(keys) == len(groups)  # small blocks: one record each
+    runner.close()
+
+
+def test_a_failed_write_back_fails_the_batch_and_its_retry_counts_each_row_once(tmp_path, monkeypatch):
+    frames = batches(8, n=4)
+    expected = run("key", tmp_path / "key", frames)
+    runner = LocalRunner(operator("key_group"), key="k", clock=Clock(), checkpoint_location=tmp_path / "ck")
+    outputs = [runner.process(f) for f in frames[:2]]
+    flush = KeyGroupCache.flush
+    calls = []
+
+    def fails_once(self, durable=False):
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError("disk full")
+        return flush(self, durable)
+
+    monkeypatch.setattr(KeyGroupCache, "flush", fails_once)
+    with pytest.raises(OSError, match="disk full"):
+        runner.process(frames[2])
+    outputs += [runner.process(f) for f in frames[2:]]
+    pd.testing.assert_frame_equal(with_batch(outputs), with_batch(expected))
+    runner.close()
+    assert checkpoint_table(tmp_path / "ck") == checkpoint_table(tmp_path / "key")
+
+
+def test_the_state_reads_back_per_key(tmp_path):
+    frames = batches(9, n=3)
+    runner = LocalRunner(operator("key_group"), key="k", clock=Clock())
+    reference = LocalRunner(operator("key"), key="k", clock=Clock())
+    for frame in frames:
+        runner.process(frame)
+        reference.process(frame)
+    key = int(frames[0]["k"].iloc[0])
+    assert runner.get_state(key)["n"] == reference.get_state(key)["n"] > 0
+    assert bytes(runner.get_state(key)) == bytes(reference.get_state(key))  # the same packed accumulator
+    assert {k: bytes(v) for k, v in runner.state().items()} == {k: bytes(v) for k, v in reference.state().items()}
+    runner.close()
+    reference.close()
+
+
+@pytest.mark.parametrize(
+    "kwargs, named",
+    [
+        ({"ttl_ms": 1_000}, "ttl_ms=1000"),
+        ({"max_entries": 10, "low_watermark": 0.5, "high_watermark": 0.8}, "low_watermark"),
+        ({"max_entries": 10, "policy": "lfu"}, "policy='lfu'"),
+    ],
+)
+def test_settings_the_layout_cannot_keep_are_refused_naming_them(kwargs, named):
+    with pytest.raises(ValueError, match=named):
+        cached_state(store="rocksdb", layout="key_group", **kwargs)
+
+
+def test_a_memory_budget_is_refused_with_the_layout(tmp_path):
+    op = cached_state(store="rocksdb", layout="key_group")(aggregate({"n": Count()}))
+    runner = LocalRunner(op, key="k", clock=Clock(), checkpoint_location=tmp_path / "ck", memory_budget=64 << 20)
+    with pytest.raises(ValueError, match="memory_budget"):
+        runner.process(batches(n=1)[0])
+
+
+def test_the_layout_needs_a_rocksdb_working_store():
+    op = cached_state(max_entries=10, layout="key_group")(aggregate({"n": Count()}))
+    with pytest.raises(ValueError, match="RocksDB working store"):  # store="memory" and no checkpoint
+        OperatorInstance(op.__opbuffer__, key_columns=["k"], key_types=None, index=0, parallelism=1, max_parallelism=8)
+
+
+def test_an_unknown_layout_is_refused_naming_it():
+    with pytest.raises(ValueError, match="'blocks'"):
+        cached_state(layout="blocks")
+
+
+def test_windowed_aggregates_keep_the_per_key_layout():
+    with pytest.raises(ValueError, match="windowed aggregate"):
+        cached_state(layout="key_group")(aggregate({"n": Count()}, window=Tumbling("1 minute")))
+
+
+def test_functions_keep_the_per_key_layout():
+    def count(key, frames, state):
+        yield from frames
+
+    with pytest.raises(ValueError, match="is for aggregate"):
+        cached_state(store="rocksdb", layout="key_group")(count)
+
+
+def test_behind_a_mini_batch_trigger_the_layout_gives_the_same_outputs(tmp_path):
+    frames = batches(10)
+
+    def op(layout):
+        return mini_batch(max_rows=50, max_delay_ms=1_000)(operator(layout, max_entries=8))
+
+    outputs = {}
+    for layout in ("key", "key_group"):
+        runner = LocalRunner(op(layout), key="k", clock=Clock(), checkpoint_location=tmp_path / layout, parallelism=2)
+        outputs[layout] = [runner.process(f) for f in frames] + [runner.advance_time(1_000)]
+        runner.close()
+    pd.testing.assert_frame_equal(with_batch(outputs["key_group"]), with_batch(outputs["key"]))
+    assert checkpoint_table(tmp_path / "key_group") == checkpoint_table(tmp_path / "key")

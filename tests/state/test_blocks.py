@@ -1,0 +1,176 @@
+"""KeyGroupCache and the key-group block records (state.blocks), on real RocksDB in tmp_path.
+
+The Store contract itself runs on a KeyGroupCache in test_stores.py (``any_store``).
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+from state import RocksDBStore
+from state.blocks import KeyGroupCache, decode_block, encode_block, is_block_key, iter_entries, split_blocks
+
+
+@pytest.fixture
+def table(tmp_path):
+    store = RocksDBStore(tmp_path / "db", max_parallelism=8, table="state")
+    store.track_changes()
+    yield store
+    if not store.closed:
+        store.close()
+
+
+def _records(table):
+    return list(table.iter_raw())
+
+
+def test_a_write_back_stores_block_records_per_key_group_holding_the_per_key_records(table, tmp_path):
+    reference = RocksDBStore(tmp_path / "reference", max_parallelism=8, table="state")
+    pairs = [(k, {"v": k}) for k in range(50)]
+    reference.put_many(pairs)
+    cache = KeyGroupCache(table)
+    cache.put_many(pairs)
+    assert _records(table) == []  # nothing written before the write-back
+    cache.flush()
+    records = _records(table)
+    assert all(is_block_key(k) for k, _ in records)
+    assert len(records) == len({table.key_group(k) for k, _ in pairs})  # small blocks: one record each
+    assert list(iter_entries(records)) == list(reference.iter_raw())
+    assert table.drain_changes() == {k for k, _ in records}  # the checkpoint sees the blocks as changes
+    reference.close()
+
+
+def test_per_key_records_are_read_over_the_block_and_folded_at_the_write_back(table):
+    cache = KeyGroupCache(table)
+    cache.put_many([(1, "block"), (2, "block")])
+    cache.flush()
+    table.put(1, "per-key")  # a per-key record of key 1's key group, newer than the block
+    table.put(3, "per-key")
+    fresh = KeyGroupCache(table)
+    assert fresh.get_many([1, 2, 3]) == ["per-key", "block", "per-key"]
+    fresh.put(2, "changed")
+    fresh.flush()
+    assert all(is_block_key(k) for k, _ in _records(table))
+    assert KeyGroupCache(table).get_many([1, 2, 3]) == ["per-key", "changed", "per-key"]
+
+
+def test_split_blocks_turns_blocks_back_into_per_key_records(table):
+    cache = KeyGroupCache(table)
+    cache.put_many([(k, k * 10) for k in range(20)])
+    cache.flush()
+    table.put(4, "newer")
+    table.drain_changes()
+    groups = {table.key_group(k) for k in range(20)}
+    assert split_blocks(table, range(8)) == len(groups)
+    assert not any(is_block_key(k) for k, _ in _records(table))
+    assert table.get_many(range(20)) == [("newer" if k == 4 else k * 10) for k in range(20)]
+    assert len(table.drain_changes()) == 20 - 1 + len(groups)  # entries written (4 kept) and blocks deleted
+
+
+def test_iter_entries_expands_blocks_in_key_order(table):
+    keys = [b"\x00\x01\x01b", b"\x00\x01\x01a"]
+    block = encode_block(keys, [b"B", b"A"])
+    records = [(b"\x00\x01\x01a", b"per-key"), (b"\x00\x01\xff\x00\x00", block), (b"\x00\x02\x01z", b"Z")]
+    assert list(iter_entries(records)) == [(b"\x00\x01\x01a", b"per-key"), (b"\x00\x01\x01b", b"B"), (b"\x00\x02\x01z", b"Z")]
+
+
+@pytest.mark.parametrize("damaged", [b"", b"OPBK\x01", b"junk" * 10, encode_block([b"\x00\x01\x01a"], [b"v"])[:-1]])
+def test_a_damaged_block_is_refused(damaged):
+    with pytest.raises(ValueError, match="block"):
+        decode_block(damaged)
+
+
+def test_max_entries_holds_and_evicted_key_groups_are_written_back(table):
+    cache = KeyGroupCache(table, max_entries=10)
+    for start in range(0, 200, 20):
+        cache.put_many([(k, k) for k in range(start, start + 20)])
+        assert cache.held_entries() <= 10
+    cache.get_many(range(3))
+    assert cache.held_entries() <= 10
+    stats = cache.stats()
+    assert stats["evictions"] > 0 and stats["writes"] > 0
+    assert cache.get_many(range(200)) == list(range(200))
+
+
+def test_max_bytes_bounds_the_held_blocks(table):
+    cache = KeyGroupCache(table, max_bytes=64 << 10)
+    value = b"x" * 1000
+    for start in range(0, 2000, 100):
+        cache.put_many([(k, value) for k in range(start, start + 100)])
+        assert cache.estimated_bytes() <= 64 << 10
+    assert cache.get_many([0, 1999]) == [value, value]
+
+
+def test_update_values_hands_the_values_over_and_writes_what_comes_back(table):
+    cache = KeyGroupCache(table)
+    cache.put_many([(1, "a"), (2, "b")])
+    seen = {}
+
+    def update(buffer, starts, lengths):
+        seen["lengths"] = lengths.tolist()
+        values = [pickle.loads(buffer[s : s + n].tobytes()) if n >= 0 else None for s, n in zip(starts, lengths)]
+        seen["values"] = values
+        changed = pickle.dumps(values[0] + "!")  # key 1 changed, key 2 deleted, key 3 gets key 1's value
+        return np.frombuffer(changed, dtype=np.uint8), np.array([0, 0, 0]), np.array([len(changed), -1, len(changed)])
+
+    cache.update_values([1, 2, 3], update)
+    assert seen["values"] == ["a", "b", None] and seen["lengths"][2] == -1
+    assert cache.get_many([1, 2, 3]) == ["a!", None, "a!"]  # 2 deleted, 3 new
+    assert 2 not in cache
+
+
+def test_update_values_refuses_repeated_keys_and_a_short_answer(table):
+    cache = KeyGroupCache(table)
+    with pytest.raises(ValueError, match="distinct"):
+        cache.update_values([1, 1], lambda b, s, n: (b, s, n))
+    with pytest.raises(ValueError, match="1 values for 2 keys"):
+        cache.update_values([1, 2], lambda b, s, n: (b, s[:1], n[:1]))
+
+
+def test_a_flushed_cache_follows_its_reopened_table(tmp_path):
+    path = tmp_path / "db"
+    cache = KeyGroupCache(RocksDBStore(path, max_parallelism=8, table="state"))
+    cache.put_many([(k, k) for k in range(10)])
+    with pytest.raises(RuntimeError, match="flush"):
+        cache.rebind(RocksDBStore(tmp_path / "other", max_parallelism=8, table="state"))
+    cache.flush()
+    cache.table_store.close()
+    cache.rebind(RocksDBStore(path, max_parallelism=8, table="state"))
+    cache.put(10, 10)
+    cache.close()
+    reopened = RocksDBStore(path, max_parallelism=8, table="state")
+    assert list(KeyGroupCache(reopened).get_many(range(11))) == list(range(11))
+    reopened.close()
+
+
+def test_a_table_with_grouping_columns_is_refused(tmp_path):
+    store = RocksDBStore(tmp_path / "db", group_columns=1)
+    with pytest.raises(ValueError, match="group_columns"):
+        KeyGroupCache(store)
+    store.close()
+
+
+@pytest.mark.parametrize("bound", [0, -1, 1.5, True])
+def test_bounds_must_be_positive_ints(table, bound):
+    with pytest.raises(ValueError, match="max_entries"):
+        KeyGroupCache(table, max_entries=bound)
+
+
+def test_a_large_key_group_is_cut_into_records_of_about_block_record_bytes(table):
+    from state.blocks import BLOCK_RECORD_BYTES
+
+    cache = KeyGroupCache(table)
+    value = b"v" * 1000
+    keys = [k for k in range(5000) if table.key_group(k) == 3][:300]  # about 300 KB in one key group
+    cache.put_many((k, value) for k in keys)
+    cache.flush()
+    records = _records(table)
+    assert len(records) >= 300_000 // BLOCK_RECORD_BYTES
+    assert all(len(v) <= BLOCK_RECORD_BYTES + 2048 for _, v in records)
+    cache.delete_many(keys[10:])  # the key group shrinks: its records beyond the new count are deleted
+    cache.flush()
+    assert len(_records(table)) == 1
+    assert KeyGroupCache(table).get_many(keys[:12]) == [value] * 10 + [None, None]

@@ -798,22 +798,15 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
             if not c:
                 continue
             t = c["seconds_best"]
-            if "a" in t and "c" in t and card == max(cards):
-                targets.append(check_target(f"(c) vs (a) at {card} tweets", t["a"] / t["c"], TARGET_C_VS_A, unit="x"))
-            if "c" in t and "d" in t:
-                targets.append(check_target(f"(c) / floor (d) at {card} tweets", t["c"] / t["d"], TARGET_C_VS_FLOOR,
-                                            at_most=True, unit="x"))
-            if "c" in t and "e" in t and card == max(cards):
-                targets.append(check_target(f"(c) vs Spark SQL (e) at {card} tweets", t["e"] / t["c"], TARGET_C_VS_E,
-                                            unit="x"))
-            if "g" in t and "d" in t:
-                targets.append(check_target(f"(g) / floor (d) at {card} tweets", t["g"] / t["d"], TARGET_C_VS_FLOOR,
-                                            at_most=True, unit="x"))
-            if "g" in t and "e" in t and card == max(cards):
-                targets.append(check_target(f"(g) vs Spark SQL (e) at {card} tweets", t["e"] / t["g"], TARGET_C_VS_E,
-                                            unit="x"))
-            if "a" in t and "g" in t and card == max(cards):
-                targets.append(check_target(f"(g) vs (a) at {card} tweets", t["a"] / t["g"], TARGET_C_VS_A, unit="x"))
+            for v in ("c", "g"):  # (g) is (c) with another state layout: the same targets
+                if "a" in t and v in t and card == max(cards):
+                    targets.append(check_target(f"({v}) vs (a) at {card} tweets", t["a"] / t[v], TARGET_C_VS_A, unit="x"))
+                if v in t and "d" in t:
+                    targets.append(check_target(f"({v}) / floor (d) at {card} tweets", t[v] / t["d"], TARGET_C_VS_FLOOR,
+                                                at_most=True, unit="x"))
+                if v in t and "e" in t and card == max(cards):
+                    targets.append(check_target(f"({v}) vs Spark SQL (e) at {card} tweets", t["e"] / t[v],
+                                                TARGET_C_VS_E, unit="x"))
             if "c" in t and "f" in t:
                 # not a target: how far (c) is from what its Spark plan alone costs
                 log(f"[{card}] ceiling: (f) / floor (d) = {t['f'] / t['d']:.2f}x; (c) / (f) = {t['c'] / t['f']:.2f}x"

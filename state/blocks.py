@@ -1,4 +1,4 @@
-"""Key-group blocks: a table's entries kept as one RocksDB record per key group, cached as blocks.
+"""Key-group blocks: a table's entries kept as a few RocksDB records per key group, cached as blocks.
 
 A :class:`~state.RocksDBStore` keeps one record per key, and a
 :class:`~state.WriteBackCache` one Python object per key, so every read of a
@@ -328,16 +328,18 @@ def _no_group() -> None:
 
 
 class KeyGroupCache(Store):
-    """A write-back cache of key-group blocks in front of a RocksDB table that keeps one record per key group.
+    """A write-back cache of key-group blocks in front of a RocksDB table that keeps a few records per key group.
 
     The :class:`~state.Store` interface per key (values serialized with the
     table's serializer), plus :meth:`read_values` / :meth:`write_values`, which
-    move many keys' serialized values as byte ranges of numpy buffers. Key
+    move many keys' serialized values as byte ranges of numpy buffers
+    (:meth:`update_values`: read, merge and write back in one pass). Key
     groups are loaded whole (one range scan) and evicted whole, least recently
     used first, when the entries held pass ``max_entries`` or their bytes
-    (values plus :data:`ROW_OVERHEAD_BYTES` a row) pass ``max_bytes``; a dirty
-    one is written back first. :meth:`flush` writes back every dirty key group
-    in one write batch (the table records the block keys as changes).
+    (values plus :data:`ROW_OVERHEAD_BYTES` a row) pass ``max_bytes``, checked
+    after each key group a call touches; a dirty one is written back first.
+    :meth:`flush` writes back every dirty key group, in write batches of about
+    :data:`WRITE_BATCH_BYTES` (the table records the block keys as changes).
 
     Complexity: reading or writing k keys of g key groups is O(k) Python (an
     index lookup each) plus numpy copies of their bytes, plus for each of the g

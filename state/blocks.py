@@ -374,6 +374,10 @@ class KeyGroupCache(Store):
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self._groups: OrderedDict[bytes, _KeyGroup] = OrderedDict()
+        # Entries and bytes of the held groups, kept as they change (a sum over the groups after each
+        # key group of a call would cost O(groups) there: 32768 key groups make that quadratic).
+        self._held_entries = 0
+        self._held_bytes = 0
         self._closed = False
         self._hits = 0
         self._misses = 0
@@ -431,7 +435,17 @@ class KeyGroupCache(Store):
             group.set(rows, np.frombuffer(b"".join(values), dtype=np.uint8), np.cumsum(lengths) - lengths, lengths)
             group.folded = keys
         self._groups[prefix] = group
+        self._held_entries += len(group)
+        self._held_bytes += group.memory_bytes()
         return group
+
+    def _changing(self, group: _KeyGroup) -> tuple[int, int]:
+        return len(group), group.memory_bytes()
+
+    def _changed(self, group: _KeyGroup, before: tuple[int, int]) -> None:
+        """Account for a held group's change since ``before`` (its :meth:`_changing`)."""
+        self._held_entries += len(group) - before[0]
+        self._held_bytes += group.memory_bytes() - before[1]
 
     def _locate(self, nkeys: Sequence[NormalizedKey]) -> tuple[list[bytes], list[tuple[bytes, np.ndarray]]]:
         """The raw keys of ``nkeys`` and, per key group, its prefix and the positions of its keys."""
@@ -495,6 +509,7 @@ class KeyGroupCache(Store):
         key group (one evicted since it was located is loaded again)."""
         for part in parts:
             group = self._group(part.prefix)
+            before = self._changing(group)
             rows = part.rows if part.group() is group else group.rows_of(part.keys)
             new_lengths = lengths[part.at]
             put = new_lengths >= 0
@@ -507,6 +522,7 @@ class KeyGroupCache(Store):
                 group.delete(rows[gone])
             if put.any():
                 group.set(rows[put], source, starts[part.at][put], new_lengths[put])
+            self._changed(group, before)
             del group
             self._bound()
 
@@ -546,18 +562,19 @@ class KeyGroupCache(Store):
 
     # ------------------------------------------------------------ bounds and write-back
     def held_entries(self) -> int:
-        return sum(len(g) for g in self._groups.values())
+        """Entries of the key groups held in memory."""
+        return self._held_entries
 
     def estimated_bytes(self) -> int:
-        return sum(g.memory_bytes() for g in self._groups.values())
+        """Bytes of the key groups held in memory (values, spare buffer room, ROW_OVERHEAD_BYTES a row)."""
+        return self._held_bytes
 
     def _bound(self) -> None:
         """Evict least recently used key groups until within the bounds (dirty ones written back first, in
         one write batch). Bounds hold per key group: one larger than a bound is evicted after each use."""
         if self.max_entries is None and self.max_bytes is None:
             return
-        entries = self.held_entries()
-        size = self.estimated_bytes() if self.max_bytes is not None else 0
+        entries, size = self._held_entries, self._held_bytes
         out: list[bytes] = []
         for prefix, group in self._groups.items():
             if not ((self.max_entries is not None and entries > self.max_entries) or (
@@ -571,7 +588,9 @@ class KeyGroupCache(Store):
             return
         self._write_back([(p, self._groups[p]) for p in out if self._groups[p].dirty])
         for prefix in out:
-            del self._groups[prefix]
+            group = self._groups.pop(prefix)
+            self._held_entries -= len(group)
+            self._held_bytes -= group.memory_bytes()
         self._evictions += len(out)
         if self.max_bytes is not None:
             release_free_memory()  # what the evicted blocks freed in pieces goes back to the OS
@@ -585,7 +604,9 @@ class KeyGroupCache(Store):
         pending = 0
         for i, (prefix, group) in enumerate(groups):
             pairs.extend((raw_key, None) for raw_key in group.folded)
-            records = group.records()
+            before = self._changing(group)
+            records = group.records()  # compacts: the group holds less
+            self._changed(group, before)
             pairs.extend((block_key(prefix, r), value) for r, value in enumerate(records))
             pairs.extend((block_key(prefix, r), None) for r in range(len(records), group.stored))
             pending += sum(map(len, records))
@@ -688,6 +709,7 @@ class KeyGroupCache(Store):
         self.flush(durable=True)
         self._closed = True
         self._groups.clear()
+        self._held_entries = self._held_bytes = 0
         self._table.close()
 
     def __repr__(self) -> str:

@@ -174,3 +174,22 @@ def test_a_large_key_group_is_cut_into_records_of_about_block_record_bytes(table
     cache.flush()
     assert len(_records(table)) == 1
     assert KeyGroupCache(table).get_many(keys[:12]) == [value] * 10 + [None, None]
+
+
+def test_the_held_entries_and_bytes_it_reports_are_those_of_the_key_groups_it_holds(table):
+    """The totals the bounds check are kept as groups change, not summed each time: they must not drift."""
+    rng = np.random.default_rng(5)
+    cache = KeyGroupCache(table, max_entries=120, max_bytes=40_000)
+    for step in range(60):
+        keys = rng.integers(0, 400, int(rng.integers(1, 80))).tolist()
+        if step % 5 == 4:
+            cache.delete_many(set(keys))
+        elif step % 7 == 6:
+            cache.flush()
+        else:
+            cache.put_many((k, b"v" * int(rng.integers(1, 300))) for k in keys)
+        cache.get_many(rng.integers(0, 400, 10).tolist())
+        held = list(cache._groups.values())
+        assert cache.held_entries() == sum(len(g) for g in held)
+        assert cache.estimated_bytes() == sum(g.memory_bytes() for g in held)
+        assert cache.held_entries() <= 120 or len(held) == 1

@@ -325,7 +325,7 @@ class OperatorInstance:
 
     def _key_group_cache(self, table: Store, manager: Optional[CacheManager], name: str) -> KeyGroupCache:
         """The cache of key-group blocks of ``cached_state(layout="key_group")``, after checking what it refuses."""
-        config = self.spec.state  # what the layout refuses of cached_state itself, StateConfig refused
+        config = self.spec.state  # the settings blocks cannot keep were refused by StateConfig already
         if not isinstance(table, RocksDBStore):
             raise ValueError(
                 "cached_state(layout='key_group') keeps its blocks in a RocksDB working store: use store='rocksdb' "

@@ -94,13 +94,21 @@ def concatenated_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.arange(total, dtype=np.int64) + np.repeat(starts.astype(np.int64) - (ends - lengths), lengths)
 
 
+def _record(keys: Sequence[bytes], key_lengths: np.ndarray, value_lengths: np.ndarray, values: bytes) -> bytes:
+    """A block record's value: ``MAGIC``, the count, the key and value lengths, the keys, the values."""
+    table = np.concatenate([key_lengths, value_lengths]).astype("<u4")
+    return b"".join((MAGIC, struct.pack("<I", len(keys)), table.tobytes(), *keys, values))
+
+
 def encode_block(keys: Sequence[bytes], values: Sequence[bytes]) -> bytes:
     """A block record's value holding raw keys and their serialized values, in the order given."""
     n = len(keys)
-    lengths = np.empty(2 * n, dtype="<u4")
-    lengths[:n] = np.fromiter(map(len, keys), dtype=np.int64, count=n)
-    lengths[n:] = np.fromiter(map(len, values), dtype=np.int64, count=n)
-    return b"".join((MAGIC, struct.pack("<I", n), lengths.tobytes(), *keys, *values))
+    return _record(
+        keys,
+        np.fromiter(map(len, keys), dtype=np.int64, count=n),
+        np.fromiter(map(len, values), dtype=np.int64, count=n),
+        b"".join(values),
+    )
 
 
 def _parse(value: bytes) -> tuple[list[bytes], np.ndarray, np.ndarray, np.ndarray]:
@@ -169,7 +177,7 @@ def split_blocks(table: RocksDBStore, key_groups: range) -> int:
         if not blocks:
             continue
         found += 1
-        present = {k for k in table.iter_raw_keys(prefix, block_key(prefix, 0))}  # per-key records win
+        present = set(table.iter_raw_keys(prefix, block_key(prefix, 0)))  # per-key records win
         for raw_key, value in blocks:
             keys, values = decode_block(value)
             pairs.extend((k, v) for k, v in zip(keys, values) if k not in present)
@@ -279,6 +287,23 @@ class _KeyGroup:
         if self.used > 4 * self.live_bytes + 4096:  # replaced values pile up until the write-back compacts
             self.compact()
 
+    def put(
+        self, keys: Sequence[bytes], source: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
+        rows: Optional[np.ndarray] = None,
+    ) -> None:
+        """Set distinct raw ``keys`` to ``source[starts[i]:starts[i] + lengths[i]]`` (length -1 deletes);
+        ``rows``: their rows (-1: not held) if already looked up."""
+        rows = self.rows_of(keys) if rows is None else rows.copy()
+        put = lengths >= 0
+        new = put & (rows < 0)
+        if new.any():
+            rows[new] = self.add([k for k, m in zip(keys, new.tolist()) if m])
+        gone = ~put & (rows >= 0)
+        if gone.any():
+            self.delete(rows[gone])
+        if put.any():
+            self.set(rows[put], source, starts[put], lengths[put])
+
     def compact(self) -> None:
         """Drop dead rows and the bytes of replaced values (capacity shrinks to what is held)."""
         lengths = self.lengths
@@ -306,10 +331,8 @@ class _KeyGroup:
         cuts = np.flatnonzero(np.diff(ends // BLOCK_RECORD_BYTES)) + 1  # a row that crosses a boundary starts a record
         out = []
         for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), n]):
-            table = np.concatenate([key_lengths[lo:hi], lengths[lo:hi]]).astype("<u4")
             first, last = int(self._starts[lo]), int(self._starts[hi - 1] + lengths[hi - 1])
-            out.append(b"".join((MAGIC, struct.pack("<I", hi - lo), table.tobytes(), *self.keys[lo:hi],
-                                 self._data[first:last].tobytes())))
+            out.append(_record(self.keys[lo:hi], key_lengths[lo:hi], lengths[lo:hi], self._data[first:last].tobytes()))
         return out
 
 
@@ -428,11 +451,7 @@ class KeyGroupCache(Store):
             keys = list(extra)
             values = list(extra.values())
             lengths = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
-            rows = group.rows_of(keys)
-            missing = rows < 0
-            if missing.any():
-                rows[missing] = group.add([k for k, m in zip(keys, missing.tolist()) if m])
-            group.set(rows, np.frombuffer(b"".join(values), dtype=np.uint8), np.cumsum(lengths) - lengths, lengths)
+            group.put(keys, np.frombuffer(b"".join(values), dtype=np.uint8), np.cumsum(lengths) - lengths, lengths)
             group.folded = keys
         self._groups[prefix] = group
         self._held_entries += len(group)
@@ -510,18 +529,8 @@ class KeyGroupCache(Store):
         for part in parts:
             group = self._group(part.prefix)
             before = self._changing(group)
-            rows = part.rows if part.group() is group else group.rows_of(part.keys)
-            new_lengths = lengths[part.at]
-            put = new_lengths >= 0
-            new = put & (rows < 0)
-            if new.any():
-                rows = rows.copy()
-                rows[new] = group.add([k for k, m in zip(part.keys, new.tolist()) if m])
-            gone = ~put & (rows >= 0)
-            if gone.any():
-                group.delete(rows[gone])
-            if put.any():
-                group.set(rows[put], source, starts[part.at][put], new_lengths[put])
+            rows = part.rows if part.group() is group else None  # looked up again if it was evicted meanwhile
+            group.put(part.keys, source, starts[part.at], lengths[part.at], rows)
             self._changed(group, before)
             del group
             self._bound()
@@ -570,8 +579,8 @@ class KeyGroupCache(Store):
         return self._held_bytes
 
     def _bound(self) -> None:
-        """Evict least recently used key groups until within the bounds (dirty ones written back first, in
-        one write batch). Bounds hold per key group: one larger than a bound is evicted after each use."""
+        """Evict least recently used key groups until within the bounds (dirty ones written back first).
+        Bounds hold per key group: one larger than a bound is evicted after each use."""
         if self.max_entries is None and self.max_bytes is None:
             return
         entries, size = self._held_entries, self._held_bytes
@@ -620,7 +629,8 @@ class KeyGroupCache(Store):
                 pairs, written, pending = [], [], 0
 
     def flush(self, durable: bool = False) -> None:
-        """Write back every dirty key group (one write batch); with ``durable`` also flush the table."""
+        """Write back every dirty key group (write batches of about WRITE_BATCH_BYTES); with ``durable``
+        also flush the table."""
         self._check_open()
         self._write_back([(p, g) for p, g in self._groups.items() if g.dirty])
         if durable:

@@ -293,11 +293,9 @@ class RocksDBStore(Store):
         O(log n + entries of the group): one seek, then a range scan bounded by the prefix.
         """
         prefix = self._group_prefix(group_key)
-        options = ReadOptions()
-        options.set_iterate_upper_bound(_next_prefix(prefix))
         loads = self.serializer.loads
         count = 0
-        for raw_key, raw_value in self._cf.items(from_key=prefix, read_opt=options):
+        for raw_key, raw_value in self.iter_raw_between(prefix, _next_prefix(prefix)):
             if limit is not None and count >= limit:
                 return
             count += 1
@@ -461,9 +459,7 @@ class RocksDBStore(Store):
         lower, upper = self._bounds(self._check_key_groups(key_groups))
         if not len(key_groups):
             return
-        options = ReadOptions()
-        options.set_iterate_upper_bound(upper)
-        yield from self._cf.items(from_key=lower, read_opt=options)
+        yield from self.iter_raw_between(lower, upper)
 
     def items(self, key_groups: range | None = None) -> Iterator[tuple[tuple, Any]]:  # type: ignore[override]
         """``(key, value)`` pairs, optionally only those of a contiguous key-group range."""

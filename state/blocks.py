@@ -638,6 +638,7 @@ class KeyGroupCache(Store):
 
     @property
     def dirty_groups(self) -> int:
+        """Key groups held with changes not yet written back to the table."""
         return sum(1 for g in self._groups.values() if g.dirty)
 
     def rebind(self, table: RocksDBStore) -> None:

@@ -53,6 +53,8 @@ from .sketches import ApproxDistinct, HllPartial, _datasketches
 _FORMAT = 1
 #: A coupon set this small has DataSketches' estimate == its size exactly (checked for lg_k 4..21).
 _EXACT_COUPONS = 384
+#: Bytes before the registers of a DataSketches HLL_8 image in HLL mode.
+_HLL_8_HEADER = 40
 
 
 def coupon_limit(lg_k: int) -> int:
@@ -138,10 +140,16 @@ class PackedAccumulator(bytes):
 
 # ---------------------------------------------------------------- vectorized byte helpers
 def _sorted_unique(values: np.ndarray) -> np.ndarray:
-    """``np.unique`` by a sort (numpy's hash-based unique of int64 measured 10x slower here)."""
+    """``np.unique`` by a sort (numpy's hash-based unique of int64 measured 10x slower here).
+
+    The sort is numpy's stable one (timsort for int64), which merges runs
+    already in order in linear time: a state's coupons come back sorted and
+    only the batch's new ones are not (850k keys, 700k of them in order:
+    10-12 ms against quicksort's 43; all random: 52 against 44).
+    """
     if len(values) < 2:
         return values
-    values = np.sort(values)
+    values = np.sort(values, kind="stable")
     keep = np.empty(len(values), dtype=bool)
     keep[0] = True
     np.not_equal(values[1:], values[:-1], out=keep[1:])
@@ -384,13 +392,21 @@ class HllField:
         owners, coupons = owners[filled], coupons[filled]
         dense_rows = np.flatnonzero(~coupon_mode).astype(np.int64)
         registers = np.empty((len(dense_rows), self.k), dtype=np.uint8)
-        if len(dense_rows):
+        # An HLL_8 image in HLL mode (what Spark's hll_sketch_agg sends) holds the registers themselves
+        # after its 40-byte header; HLL_4 and HLL_6 images pack them (with exceptions): DataSketches
+        # unpacks those, one sketch at a time.
+        hll_8 = (data[starts[dense_rows] + 7] >> 2) & 3 == 2 if len(dense_rows) else np.empty(0, bool)
+        hll_8 &= lengths[dense_rows] >= _HLL_8_HEADER + self.k
+        if hll_8.any():
+            at = starts[dense_rows[hll_8]] + _HLL_8_HEADER
+            registers[hll_8] = data[at[:, None] + np.arange(self.k)]
+        if not hll_8.all():
             ds = _datasketches()
-            for i, row in enumerate(dense_rows.tolist()):
+            for i, row in zip(np.flatnonzero(~hll_8).tolist(), dense_rows[~hll_8].tolist()):
                 union = ds.hll_union(self.lg_k)
                 union.update(ds.hll_sketch.deserialize(bytes(blobs[row])))
                 image = union.get_result(ds.tgt_hll_type.HLL_8).serialize_updatable()
-                registers[i] = np.frombuffer(image, dtype=np.uint8, count=self.k, offset=40)
+                registers[i] = np.frombuffer(image, dtype=np.uint8, count=self.k, offset=_HLL_8_HEADER)
         # A sketch's coupons are distinct and within DataSketches' limit: nothing to merge or promote.
         return HllColumn(n, owners, coupons, dense_rows, registers)
 

@@ -107,6 +107,18 @@ def test_a_register_array_reads_back_as_a_datasketches_sketch_that_unions_with_o
     assert abs(union.get_estimate() - 6000) < 6000 * 0.05
 
 
+@pytest.mark.parametrize("tgt", [HLL_8, HLL_4, datasketches.tgt_hll_type.HLL_6])
+@pytest.mark.parametrize("form", ["updatable", "compact"])
+def test_the_registers_read_from_a_sketch_image_are_its_datasketches_registers(tgt, form):
+    field = HllField(12)
+    sketches = [sketch(range(i * 10**6, i * 10**6 + 500 + 700 * i), tgt=tgt) for i in range(4)]
+    images = [s.serialize_updatable() if form == "updatable" else s.serialize_compact() for s in sketches]
+    column = field.from_sketch_bytes(images)
+    assert column.dense_rows.tolist() == [0, 1, 2, 3]
+    for registers, s in zip(column.registers, sketches):
+        assert np.array_equal(registers, registers_of(s))
+
+
 def test_a_sketch_of_another_lg_k_is_refused_naming_both():
     with pytest.raises(ValueError, match="lg_k 12.*lg_k 10"):
         HllField(12).from_sketch_bytes([sketch(range(5), lg_k=10).serialize_compact()])

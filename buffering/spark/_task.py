@@ -355,6 +355,11 @@ def _run_task(
     if 0 <= partition_id < plan.parallelism:
         get(partition_id)
     now, watermark, late_watermark = context.processing_time_ms, context.watermark_ms, context.late_rows_watermark_ms
+    # windowed aggregate: combined per (key..., window start) (see StreamRunner.plan_batch)
+    combined_keys = plan.key_columns + ([WINDOW_START] if plan.spec.window is not None else [])
+    # Spark SQL partials an instance merges as columns, per instance: merged in one call once the input
+    # ends (each call's fixed costs, e.g. a write-back of every key group it touches, paid once a batch).
+    deferred: dict[int, list[pd.DataFrame]] = {}
     for frame in batches:
         if not len(frame):
             continue
@@ -366,28 +371,35 @@ def _run_task(
             if plan.combine != "none":
                 if plan.event_time is not None and len(part):
                     max_event = max(max_event, int(part[EVENT_TIME_COLUMN].max()))
-                # windowed aggregate: combined per (key..., window start) (see StreamRunner.plan_batch)
-                nkeys = _normalized_keys(part, plan.key_columns + ([WINDOW_START] if plan.spec.window is not None else []))
-                rows = part[ROWS_COLUMN].tolist()
-                direct = None
                 if plan.combine == "sql" and instance.merges_columns:
-                    columns = sql_columns(part, list(plan.sql_partials))
-                    direct = instance.process_columns(
-                        nkeys, part[plan.key_columns], columns, rows, now, watermark, late_watermark
-                    )
-                if direct is not None:
-                    out = direct
+                    deferred.setdefault(int(index), []).append(part)
+                    continue
+                nkeys = _normalized_keys(part, combined_keys)
+                rows = part[ROWS_COLUMN].tolist()
+                if plan.combine == "sql":
+                    accumulators = sql_accumulators(part, list(plan.sql_partials))
                 else:
-                    if plan.combine == "sql":
-                        accumulators = sql_accumulators(part, list(plan.sql_partials))
-                    else:
-                        accumulators = [pickle.loads(b) for b in part[ACCUMULATOR_COLUMN].tolist()]
-                    out = instance.process_accumulators(nkeys, accumulators, rows, now, watermark, late_watermark)
+                    accumulators = [pickle.loads(b) for b in part[ACCUMULATOR_COLUMN].tolist()]
+                out = instance.process_accumulators(nkeys, accumulators, rows, now, watermark, late_watermark)
             else:
                 part, late, event = drop_late_rows(plan, part, late_watermark)
                 dropped += late
                 max_event = max(max_event, event)
                 out = instance.process(part, now, watermark, late_watermark)
+            result = _frame(plan, out)
+            if result is not None:
+                if collected is None:
+                    yield result
+                else:
+                    collected.append(result)
+    for index, parts in deferred.items():
+        for part in _merged_parts(parts, combined_keys):
+            columns = sql_columns(part, list(plan.sql_partials))
+            out = instances[index].process_columns(
+                _normalized_keys(part, combined_keys), part[plan.key_columns], columns, part[ROWS_COLUMN].tolist(),
+                now, watermark, late_watermark,
+            )
+            assert out is not None  # merges_columns held when the part was deferred, and nothing buffered since
             result = _frame(plan, out)
             if result is not None:
                 if collected is None:
@@ -558,6 +570,15 @@ def host_instance(
             yield frame.drop(columns=[HOST_COLUMN, HEARTBEAT_COLUMN])
 
     yield from run_task(plan, context, rows(), partition_id=index)
+
+
+def _merged_parts(parts: list[pd.DataFrame], key_columns: list[str]) -> list[pd.DataFrame]:
+    """The parts as one frame when no key is in two of them (Spark's combine sends one row per key),
+    else as they are (a merge takes each key once)."""
+    if len(parts) == 1:
+        return parts
+    whole = pd.concat(parts, ignore_index=True)
+    return [whole] if not whole.duplicated(key_columns).any() else parts
 
 
 def _normalized_keys(frame: pd.DataFrame, key_columns: list[str]) -> list[Any]:

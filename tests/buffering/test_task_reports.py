@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Optional
 
 import numpy as np
 import pandas as pd
@@ -93,3 +93,61 @@ def test_batch_metrics_list_each_instance_with_its_index_start_and_counters(tmp_
     assert metrics.tasks == 2 and metrics.rows_in == 3
     assert [(p["instance"], p["start"], p["rows_in"]) for p in metrics.per_instance] == [(0, "new", 1.0), (1, "new", 2.0)]
     assert metrics.per_instance[1] == {"instance": 1, "start": "new", **summaries[1].instances[0].metrics}
+
+
+# ---------------------------------------------------------------- Spark SQL partials, in several chunks
+def _aggregate_runner(tmp_path, layout: str):
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from buffering import Count, Sum, aggregate, cached_state
+    from buffering.spark.stream import StreamRunner
+
+    schema = StructType([StructField("k", LongType()), StructField("v", LongType())])
+    output = StructType([StructField(name, LongType()) for name in ("k", "n", "s")])
+    return StreamRunner(
+        cached_state(store="rocksdb", layout=layout)(aggregate({"n": Count(), "s": Sum("v")})),
+        input_schema=schema, key="k", output_schema=output, checkpoint_location=str(tmp_path / "ckpt"),
+        sink="noop", parallelism=1, workdir=str(tmp_path / "work"),
+    )
+
+
+def _partials(plan, keys: list[int], v: int) -> pd.DataFrame:
+    """Rows as Spark's combine sends them: one per key with its partial columns (each key seen twice, v each)."""
+    n, (s, s_n) = (p.columns for p in plan.sql_partials)
+    count = np.full(len(keys), 2, dtype=np.int64)
+    return pd.DataFrame({
+        "k": np.asarray(keys, dtype=np.int64), _task.ROWS_COLUMN: count, n[0]: count,
+        s: count * v, s_n: count, _task.EVENT_TIME_COLUMN: np.int64(-1), _task.OPERATOR_COLUMN: 0,
+    })
+
+
+def _batch(runner, version: int, frames: list[pd.DataFrame], merges: Optional[list[float]] = None) -> dict[int, tuple[int, int]]:
+    context, _ = runner.context(version)
+    rows = pd.concat(list(_task.run_task(runner.plan, context, iter(frames), partition_id=0)))
+    summary = _task.TaskSummary.from_json(rows[_task.REPORT_COLUMN].dropna().iloc[0])
+    commit(runner.storage, version, [i.report for i in summary.instances])
+    if merges is not None:
+        merges.append(summary.instances[0].metrics["flushes"])
+    out = rows[rows[_task.REPORT_COLUMN].isna()]
+    return {k: (n, s) for k, n, s in zip(out["k"], out["n"], out["s"])}  # a key's last output row
+
+
+@pytest.mark.parametrize("layout", ["key", "key_group"])
+def test_partials_of_one_instance_in_several_chunks_merge_as_one_frame_would(tmp_path, layout):
+    chunked = _aggregate_runner(tmp_path / "chunked", layout)
+    whole = _aggregate_runner(tmp_path / "whole", layout)
+    assert chunked.plan.combine == "sql"
+    keys, merges = list(range(300)), []
+    for version, v in enumerate([1, 5]):
+        frames = [_partials(chunked.plan, keys[i : i + 70], v) for i in range(0, 300, 70)]
+        assert _batch(chunked, version, frames, merges) == _batch(whole, version, [pd.concat(frames, ignore_index=True)])
+    assert merges == [1.0, 1.0]  # five chunks, one merge
+    assert _batch(chunked, 2, [_partials(chunked.plan, [7], 0)]) == {7: (6, 12)}
+
+
+@pytest.mark.parametrize("layout", ["key", "key_group"])
+def test_a_key_in_two_chunks_is_merged_once_per_chunk(tmp_path, layout):
+    runner = _aggregate_runner(tmp_path, layout)
+    frames, merges = [_partials(runner.plan, [1, 2], 1), _partials(runner.plan, [2, 3], 10)], []
+    assert _batch(runner, 0, frames, merges) == {1: (2, 2), 2: (4, 22), 3: (2, 20)} and merges == [2.0]
+    assert _batch(runner, 1, [_partials(runner.plan, [1, 2, 3], 0)]) == {1: (4, 2), 2: (6, 22), 3: (4, 20)}

@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from typing import Any, Iterable, Iterator, Sequence
 
 from .keygroups import DEFAULT_MAX_PARALLELISM, check_max_parallelism, key_group_from_hash
-from .keys import NormalizedKey, denormalize_key, normalize_key, normalize_types, spark_hash
+from .keys import NormalizedKey, denormalize_key, normalize_key, normalize_keys, normalize_types, spark_hash, split_pairs
 from .serializers import DEFAULT_SERIALIZER, Serializer
 
 
@@ -130,16 +130,17 @@ class Store(ABC):
 
     def get_many(self, keys: Iterable[Any], default: Any = None) -> list[Any]:
         """Values of ``keys`` in order (``default`` for absent ones), in one batched read."""
-        values = self._load_many([normalize_key(k) for k in keys])
+        values = self._load_many(normalize_keys(keys))
         return [default if v is MISSING else v for v in values]
 
     def put_many(self, pairs: Iterable[tuple[Any, Any]]) -> None:
         """Write ``(key, value)`` pairs in one batch; every key is validated before anything is written."""
-        self._write([(normalize_key(k), v) for k, v in pairs])
+        keys, values = split_pairs(pairs)
+        self._write(list(zip(normalize_keys(keys), values)))
 
     def delete_many(self, keys: Iterable[Any]) -> None:
         """Remove ``keys`` in one batch; every key is validated before anything is deleted."""
-        self._write([(normalize_key(k), MISSING) for k in keys])
+        self._write([(nkey, MISSING) for nkey in normalize_keys(keys)])
 
     def pop_many(self, keys: Iterable[Any], default: Any = None) -> list[Any]:
         """Delete distinct ``keys`` and return their values (``default`` where absent).
@@ -149,7 +150,7 @@ class Store(ABC):
         store overrides this to keep no entry for the keys on the way (state
         that is popped is never read again, e.g. a closed window's). O(len(keys)).
         """
-        checked = [normalize_key(k) for k in keys]
+        checked = normalize_keys(keys)
         if len(set(checked)) != len(checked):
             raise ValueError("pop_many takes distinct keys")
         values = self._load_many(checked)

@@ -47,7 +47,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from ..base import MISSING, Store, StoreClosedError, StoreError
-from ..keys import NormalizedKey, denormalize_key, normalize_key
+from ..keys import NormalizedKey, denormalize_key, normalize_key, normalize_keys, split_pairs
 from .estimator import MemoryEstimator
 from .malloc import pin_mmap_threshold, release_free_memory
 from .policies import CachePolicy, PolicySpec, make_policy
@@ -310,7 +310,7 @@ class WriteBackCache(Store):
 
     def get_many(self, keys: Iterable[Any], default: Any = None) -> list[Any]:
         """Values of ``keys``; all misses are loaded in one batched read of the backend."""
-        nkeys = [normalize_key(k) for k in keys]
+        nkeys = normalize_keys(keys)
         table = self._table
         out: list[Any] = [None] * len(nkeys)
         missed: dict[NormalizedKey, list[int]] = {}
@@ -392,14 +392,13 @@ class WriteBackCache(Store):
 
     def put_many(self, pairs: Iterable[tuple[Any, Any]]) -> None:
         """Put each pair; every key is validated before anything is written."""
-        checked = [(normalize_key(k), v) for k, v in pairs]
+        keys, values = split_pairs(pairs)
         put = self._put_normalized
-        for nkey, value in checked:
+        for nkey, value in zip(normalize_keys(keys), values):
             put(nkey, value)
 
     def delete_many(self, keys: Iterable[Any]) -> None:
-        checked = [normalize_key(k) for k in keys]
-        for nkey in checked:
+        for nkey in normalize_keys(keys):
             self.delete(nkey)
 
     def pop_many(self, keys: Iterable[Any], default: Any = None) -> list[Any]:
@@ -411,7 +410,7 @@ class WriteBackCache(Store):
         batch, each delete goes towards the backend as :meth:`delete_uncached`'s
         do. Every key is validated before anything is deleted. O(len(keys)).
         """
-        checked = [normalize_key(k) for k in keys]
+        checked = normalize_keys(keys)
         if len(set(checked)) != len(checked):
             raise ValueError("pop_many takes distinct keys")
         if self._closed:
@@ -445,7 +444,7 @@ class WriteBackCache(Store):
         the write buffer until the next flush; a read meanwhile sees it gone).
         Every key is validated before anything is deleted.
         """
-        self._delete_uncached([normalize_key(k) for k in keys])
+        self._delete_uncached(normalize_keys(keys))
 
     def _delete_uncached(self, checked: list[NormalizedKey]) -> None:
         if self._closed:

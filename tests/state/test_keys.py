@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from state import decode_key, encode_key, key_group, normalize_key
-from state.keys import SPARK_HASH_SEED, denormalize_key, key_groups_of_longs, spark_hash, spark_hash_ints, spark_hash_longs
+from state.keys import SPARK_HASH_SEED, denormalize_key, normalize_keys, split_pairs, key_groups_of_longs, spark_hash, spark_hash_ints, spark_hash_longs
 
 from .helpers import INT64_MAX, INT64_MIN, KEY_POOL, PLUS_ONE, UTC, hsettings, key_tuples, scalar_values
 
@@ -216,6 +216,50 @@ def test_normalize_key_is_idempotent(key):
     once = normalize_key(key)
     assert normalize_key(once) == once
     assert encode_key(normalize_key(once)) == encode_key(once)
+
+
+def _each_normalized(keys):
+    try:
+        return [normalize_key(k) for k in keys]
+    except (TypeError, ValueError) as exc:
+        return type(exc)
+
+
+def _all_normalized(keys):
+    try:
+        return normalize_keys(keys)
+    except (TypeError, ValueError) as exc:
+        return type(exc)
+
+
+alike_keys = st.one_of(
+    st.lists(st.integers(INT64_MIN - 1, INT64_MAX + 1), min_size=30, max_size=60),
+    st.lists(st.tuples(st.integers(INT64_MIN - 1, INT64_MAX + 1), st.integers(-5, 5)), min_size=30, max_size=60),
+    st.lists(st.tuples(st.text(max_size=3), st.integers()), min_size=30, max_size=60),
+    st.lists(st.one_of(st.integers(-3, 3), st.booleans(), st.floats(), st.tuples(st.integers(), st.booleans())), min_size=30, max_size=60),
+    st.lists(st.tuples(st.integers(0, 3)), min_size=30, max_size=60),
+    st.lists(any_key, min_size=30, max_size=60),
+)
+
+
+@hsettings(max_examples=200)
+@given(alike_keys)
+def test_normalizing_many_keys_at_once_gives_what_each_key_normalizes_to(keys):
+    assert _all_normalized(keys) == _each_normalized(keys)
+
+
+def test_many_keys_normalized_at_once_keep_their_types():
+    keys = [(True, 1)] + [(1, 1)] * 40  # True == 1, but a bool is tagged
+    assert normalize_keys(keys)[0] == normalize_key((True, 1)) != (1, 1)
+    assert normalize_keys([1.0] + list(range(40)))[0] == normalize_key(1.0)
+
+
+def test_pairs_that_are_not_pairs_are_refused_naming_one():
+    assert split_pairs(iter([(1, "a"), (2, "b")])) == ([1, 2], ["a", "b"])
+    with pytest.raises(ValueError, match=r"\(3, 'c', 'extra'\)"):
+        split_pairs([(1, "a"), (3, "c", "extra")])
+    with pytest.raises(ValueError, match="got 7"):
+        split_pairs([(1, "a"), 7])
 
 
 @hsettings(max_examples=150)

@@ -523,18 +523,11 @@ _P4 = 0x85EBCA77C2B2AE63
 _P5 = 0x27D4EB2F165667C5
 
 
-def _np():
-    import numpy
-
-    return numpy
-
-
 def _rotl(x: Any, r: int) -> Any:
-    return (x << _np().uint64(r)) | (x >> _np().uint64(64 - r))
+    return (x << np.uint64(r)) | (x >> np.uint64(64 - r))
 
 
 def _avalanche(h: Any) -> Any:
-    np = _np()
     h = h ^ (h >> np.uint64(33))
     h = h * np.uint64(_P2)
     h = h ^ (h >> np.uint64(29))
@@ -543,7 +536,6 @@ def _avalanche(h: Any) -> Any:
 
 
 def _seed_array(seed: Any, n: int) -> Any:
-    np = _np()
     if isinstance(seed, int):
         return np.full(n, seed & 0xFFFFFFFFFFFFFFFF, dtype=np.uint64)
     return np.asarray(seed).astype(np.int64, copy=False).view(np.uint64)
@@ -551,7 +543,6 @@ def _seed_array(seed: Any, n: int) -> Any:
 
 def spark_hash_longs(values: Any, seed: Any = SPARK_HASH_SEED) -> Any:
     """Spark's xxhash64 of a long column (numpy int64 array) with a scalar or per-row seed; int64 result."""
-    np = _np()
     lanes = np.ascontiguousarray(values, dtype=np.int64).view(np.uint64)
     with np.errstate(over="ignore"):
         h = _seed_array(seed, len(lanes)) + np.uint64((_P5 + 8) & 0xFFFFFFFFFFFFFFFF)
@@ -563,7 +554,6 @@ def spark_hash_longs(values: Any, seed: Any = SPARK_HASH_SEED) -> Any:
 
 def spark_hash_ints(values: Any, seed: Any = SPARK_HASH_SEED) -> Any:
     """Spark's xxhash64 of an int/date/boolean column (as 4-byte ints) with a scalar or per-row seed."""
-    np = _np()
     lanes = np.ascontiguousarray(values, dtype=np.int32).view(np.uint32).astype(np.uint64)
     with np.errstate(over="ignore"):
         h = _seed_array(seed, len(lanes)) + np.uint64(_P5 + 4)

@@ -352,6 +352,16 @@ def _run_task(
                 )
         return instance
 
+    def emitted(out: list[pd.DataFrame]) -> list[pd.DataFrame]:
+        """The output rows of ``out`` to yield now (none when a sink collects them)."""
+        result = _frame(plan, out)
+        if result is None:
+            return []
+        if collected is not None:
+            collected.append(result)
+            return []
+        return [result]
+
     if 0 <= partition_id < plan.parallelism:
         get(partition_id)
     now, watermark, late_watermark = context.processing_time_ms, context.watermark_ms, context.late_rows_watermark_ms
@@ -386,12 +396,7 @@ def _run_task(
                 dropped += late
                 max_event = max(max_event, event)
                 out = instance.process(part, now, watermark, late_watermark)
-            result = _frame(plan, out)
-            if result is not None:
-                if collected is None:
-                    yield result
-                else:
-                    collected.append(result)
+            yield from emitted(out)
     for index, parts in deferred.items():
         for part in _merged_parts(parts, combined_keys):
             columns = sql_columns(part, list(plan.sql_partials))
@@ -400,22 +405,12 @@ def _run_task(
                 now, watermark, late_watermark,
             )
             assert out is not None  # merges_columns held when the part was deferred, and nothing buffered since
-            result = _frame(plan, out)
-            if result is not None:
-                if collected is None:
-                    yield result
-                else:
-                    collected.append(result)
+            yield from emitted(out)
     previous = _workers.manifest(plan, storage, context.previous_version) if context.previous_version is not None else None
     reports: list[InstanceReport] = []
     for index in sorted(instances):
         instance = instances[index]
-        result = _frame(plan, instance.end_of_batch(now, watermark))
-        if result is not None:
-            if collected is None:
-                yield result
-            else:
-                collected.append(result)
+        yield from emitted(instance.end_of_batch(now, watermark))
         checkpoint_started = time.perf_counter()
         report = instance.checkpoint(context.version, previous)
         checkpoint_seconds = time.perf_counter() - checkpoint_started

@@ -272,8 +272,8 @@ def cached_state(
                 f"cached_state(ttl_ms={ttl_ms!r}) expires state by processing time; a windowed aggregate's "
                 "windows are deleted when the watermark closes them"
             )
-        if layout != "key" and (spec.aggregations is None or spec.window is not None):
-            what = "a windowed aggregate" if spec.window is not None else (
+        if layout != "key" and (spec.aggregations is None or (spec.window is not None and spec.window.spec.merges)):
+            what = "a session window (a key's sessions are one value, merged as they touch)" if spec.window is not None else (
                 "a processor" if spec.processor is not None else "a function (its state is read and written per key)"
             )
             raise ValueError(

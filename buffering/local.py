@@ -40,6 +40,7 @@ from .protocol import (
     commit_metadata,
     drop_late_rows,
     late_rows_watermark,
+    state_key_columns,
     watermark_for,
 )
 
@@ -378,6 +379,7 @@ class LocalRunner:
                 key_columns=self.key_columns,
                 key_types=self.key_types,
                 parallelism=self.parallelism,
+                state_key_columns=state_key_columns(self.spec, self.key_columns),
                 time_offset_ms=self._time_offset_ms,
                 **{WATERMARK_FIELD: watermark},
             ),

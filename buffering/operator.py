@@ -19,7 +19,6 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Protocol, Sequence
 
-import numpy as np
 import pandas as pd
 
 from checkpoint import CheckpointStorage, CheckpointWriter, Manifest, TaskReport, restore
@@ -690,15 +689,7 @@ class OperatorInstance:
         assert layout is not None
         cache = self.cache
         if isinstance(cache, KeyGroupCache):  # the values as byte ranges, never one object per key
-            merged: list[Any] = []
-
-            def update(buffer: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, ...]:
-                merged[:] = layout.merge(layout.decode_buffer(buffer, starts, lengths), incoming)
-                encoded, begins, ends = layout.encode_buffer(merged)
-                return encoded, begins, ends - begins
-
-            cache.update_values(keys, update)
-            block = merged
+            block = layout.merge_into(cache, keys, incoming)
         else:
             stored = self._visible(keys, self.state.get_many(keys), processing_time_ms)
             block = layout.merge(layout.decode(stored), incoming)

@@ -215,17 +215,34 @@ def commit_metadata(
     key_columns: Sequence[str],
     key_types: Optional[Sequence[str]],
     parallelism: int,
+    state_key_columns: Optional[Sequence[str]] = None,
     **runner: Any,
 ) -> dict[str, Any]:
-    """What every runner records with a committed version (``runner``: what only that runner needs)."""
+    """What every runner records with a committed version (``runner``: what only that runner needs).
+
+    ``state_key_columns``: the columns of the state's keys where they are more
+    than the key columns (a windowed aggregate's ``(key..., window_start)``),
+    so that ``read_state`` names them."""
     return {
         "max_event_time_ms": int(max_event_time_ms),
         "processing_time_ms": int(processing_time_ms),
         "key_columns": list(key_columns),
         "key_types": list(key_types or ()),
         "parallelism": int(parallelism),
+        **({"state_key_columns": list(state_key_columns)} if state_key_columns is not None else {}),
         **runner,
     }
+
+
+def state_key_columns(spec: Any, key_columns: Sequence[str]) -> Optional[list[str]]:
+    """The columns of ``spec``'s state keys when they are not ``key_columns``: a tumbling or hopping
+    windowed aggregate keys its state by ``(key..., window_start)``; None otherwise."""
+    window = getattr(spec, "window", None)
+    if window is None or window.spec.merges:
+        return None
+    from .windows import WINDOW_START
+
+    return [*key_columns, WINDOW_START]
 
 
 # ---------------------------------------------------------------- calling the user's function

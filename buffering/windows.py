@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 import numpy as np
 import pandas as pd
 
+from state.blocks import KeyGroupCache
 from state.group_state import NO_TIMESTAMP
 from state.keys import NormalizedKey, key_column_values, key_columns, normalize_key
 
@@ -394,13 +395,17 @@ class WindowRuntime:
         layout = self.layout
         assert layout is not None
         held = self._held(instance, keys)
-        stored: list[Any] = [None] * len(keys)
-        if held:
-            for i, value in zip(held, instance.state.get_many([keys[i] for i in held])):
-                stored[i] = value
-        block = layout.merge(layout.decode(stored), incoming)
+        state = instance.state
+        if isinstance(state, KeyGroupCache):  # cached_state(layout="key_group"): merged as byte ranges
+            block = layout.merge_into(state, keys, incoming)
+        else:
+            stored: list[Any] = [None] * len(keys)
+            if held:
+                for i, value in zip(held, state.get_many([keys[i] for i in held])):
+                    stored[i] = value
+            block = layout.merge(layout.decode(stored), incoming)
+            state.put_many(zip(keys, layout.encode(block)))
         self._open_new(keys, held)
-        instance.state.put_many(zip(keys, layout.encode(block)))
         if self.config.emit != "update":
             return []
         return [self._fixed_frame(keys, None, instance, layout.results(block))]
@@ -476,8 +481,16 @@ class WindowRuntime:
         if not keys:
             return []
         out: list[pd.DataFrame] = []
-        if self.config.emit == "watermark":
-            values = instance.state.pop_many(keys)  # a cache keeps no entry for them: never read again
+        state = instance.state
+        if self.config.emit == "watermark" and isinstance(state, KeyGroupCache) and self.layout is not None:
+            buffer, starts, lengths = state.pop_values(keys)  # as byte ranges: no object per window
+            present = np.flatnonzero(lengths >= 0)
+            if len(present) != len(keys):
+                keys, starts, lengths = [keys[i] for i in present.tolist()], starts[present], lengths[present]
+            block = self.layout.decode_buffer(buffer, starts, lengths)
+            out.append(self._fixed_frame(keys, None, instance, self.layout.results(block)))
+        elif self.config.emit == "watermark":
+            values = state.pop_many(keys)  # a cache keeps no entry for them: never read again
             present = [i for i, v in enumerate(values) if v is not None]
             if len(present) != len(keys):
                 keys, values = [keys[i] for i in present], [values[i] for i in present]
@@ -521,12 +534,18 @@ class WindowRuntime:
     def _index(self, instance: "OperatorInstance") -> dict[int, set[NormalizedKey]]:
         if self._open is None:
             self._open = {}
-            instance.state.flush()  # the working table then holds every window with state
-            table = instance.state_table
+            state = instance.state
+            state.flush()  # the working table then holds every window with state
+            # Key-group blocks are read back through their cache (the table holds block records).
+            table = state if isinstance(state, KeyGroupCache) else instance.state_table
             key_list = getattr(table, "key_list", None)
             keys = key_list() if key_list is not None else [normalize_key(k) for k in table.keys()]
-            for nkey in keys:
-                self._open.setdefault(key_columns(nkey)[-1], set()).add(nkey)
+            if keys:  # grouped by window start with one sort, not a dict lookup per key
+                starts = np.fromiter((nkey[-1] for nkey in keys), dtype=np.int64, count=len(keys))
+                order = np.argsort(starts, kind="stable")
+                cuts = np.flatnonzero(np.diff(starts[order])) + 1
+                for positions in np.split(order, cuts):
+                    self._open[int(starts[positions[0]])] = set(map(keys.__getitem__, positions.tolist()))
             self._heap = list(self._open)
             heapq.heapify(self._heap)
         return self._open

@@ -73,9 +73,12 @@ def read_state(
                 rows.append((int.from_bytes(raw_key[:_KG_BYTES], "big"), key, loads(raw_value)))
         finally:
             store.close()
-    if key_names is None and isinstance(manifest.metadata.get("key_columns"), list):
-        key_names = [str(name) for name in manifest.metadata["key_columns"]]
     arity = max((len(k) for _, k, _ in rows), default=len(key_names) if key_names else 1)
+    if key_names is None:
+        for field in ("key_columns", "state_key_columns"):  # a windowed aggregate's keys add window_start
+            recorded = manifest.metadata.get(field)
+            if isinstance(recorded, list) and (key_names is None or len(recorded) == arity):
+                key_names = [str(name) for name in recorded]
     names = list(key_names) if key_names is not None else [f"k{i}" for i in range(arity)]
     if len(names) != arity:
         raise ValueError(f"key_names has {len(names)} names, the keys of {table!r} have {arity} columns")

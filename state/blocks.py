@@ -45,7 +45,7 @@ import numpy as np
 
 from .base import MISSING, Store, StoreClosedError
 from .cache.malloc import pin_mmap_threshold, release_free_memory
-from .keys import NormalizedKey, decode_key
+from .keys import NormalizedKey, decode_key, normalize_keys
 from .raw import KEY_GROUP_BYTES
 from .rocksdb import RocksDBStore
 
@@ -382,8 +382,6 @@ class KeyGroupCache(Store):
     ) -> None:
         if not isinstance(table, RocksDBStore):
             raise TypeError(f"KeyGroupCache keeps its blocks in a RocksDBStore table, got {type(table).__name__}")
-        if table.group_columns is not None:
-            raise ValueError(f"table {table.name!r} groups its keys by columns (group_columns); blocks do not")
         for label, bound in (("max_entries", max_entries), ("max_bytes", max_bytes)):
             if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int) or bound < 1):
                 raise ValueError(f"{label} must be a positive int or None, got {bound!r}")
@@ -700,6 +698,41 @@ class KeyGroupCache(Store):
         sizes = np.asarray(lengths, dtype=np.int64)
         starts = np.cumsum(np.maximum(sizes, 0)) - np.maximum(sizes, 0)
         self.write_values(nkeys, np.frombuffer(b"".join(values), dtype=np.uint8), starts, sizes)
+
+    def key_list(self) -> list[NormalizedKey]:
+        """Every key with a value, normalized, in no particular order (written back first; only the keys
+        of each block record are parsed, not its values). O(n)."""
+        self._check_open()
+        self.flush()
+        raws: list[bytes] = []
+        for raw_key, raw_value in self._table.iter_raw():
+            if is_block_key(raw_key):
+                raws.extend(_parse(raw_value)[0])
+            else:
+                raws.append(raw_key)  # a per-key record over a block (a per-key checkpoint restored)
+        return self._table.decode_raw_keys(list(dict.fromkeys(raws)))
+
+    def pop_values(self, nkeys: Sequence[NormalizedKey]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Delete distinct ``nkeys`` and return their serialized values as :meth:`read_values` gives them
+        (length -1: had none). The keys are located once, for the read and the deletes. O(k) plus
+        the bytes of their key groups, as :meth:`update_values`."""
+        self._check_open()
+        raw_keys, located = self._locate(nkeys)
+        if len(set(raw_keys)) != len(raw_keys):
+            raise ValueError("pop_many takes distinct keys")
+        buffer, starts, lengths, parts = self._gather(raw_keys, located)
+        self._scatter(parts, buffer, starts, np.full(len(raw_keys), -1, dtype=np.int64))
+        return buffer, starts, lengths
+
+    def pop_many(self, keys: Iterable[Any], default: Any = None) -> list[Any]:
+        """:meth:`Store.pop_many`, the keys located once (see :meth:`pop_values`)."""
+        buffer, starts, lengths = self.pop_values(normalize_keys(keys))
+        raw = buffer.tobytes()
+        loads = self.serializer.loads
+        return [
+            default if length < 0 else loads(raw[start : start + length])
+            for start, length in zip(starts.tolist(), lengths.tolist())
+        ]
 
     def _iter_items(self) -> Iterator[tuple[NormalizedKey, Any]]:
         self.flush()

@@ -391,11 +391,14 @@ class RocksDBStore(Store):
             self._cf.write(batch)
 
     def key_list(self) -> list[NormalizedKey]:
-        """Every key of this table, normalized, without reading a value. O(entries); keys of two longs
-        grouped by the first (a key and a window start) are decoded with numpy."""
-        raws = list(self._cf.keys())
+        """Every key of this table, normalized, without reading a value. O(entries)."""
+        return self.decode_raw_keys(list(self._cf.keys()))
+
+    def decode_raw_keys(self, raws: list[bytes]) -> list[NormalizedKey]:
+        """The normalized keys of raw keys of this table; keys of two longs grouped by the first (a key
+        and a window start) are decoded with numpy. O(len(raws))."""
         width = _INT_PAIR_RECORD.itemsize
-        if len(raws) >= 32 and self.group_columns == 1 and all(len(r) == width for r in raws):
+        if len(raws) >= 32 and self.group_columns == 1 and set(map(len, raws)) == {width}:
             import numpy as np
 
             pairs = np.frombuffer(b"".join(raws), dtype=_INT_PAIR_RECORD)

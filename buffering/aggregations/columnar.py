@@ -41,7 +41,7 @@ from __future__ import annotations
 import pickle
 import struct
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -49,6 +49,9 @@ from state.blocks import concatenated_ranges
 
 from .basic import Count, First, Last, Max, Mean, Min, Sum
 from .sketches import ApproxDistinct, HllPartial, _datasketches
+
+if TYPE_CHECKING:
+    from state.blocks import KeyGroupCache
 
 _FORMAT = 1
 #: A coupon set this small has DataSketches' estimate == its size exactly (checked for lg_k 4..21).
@@ -814,6 +817,19 @@ class ColumnarLayout:
                     f"({dict(zip(self.names, (f.kind for f in self.fields)))}): restore with the same aggregate()"
                 )
         raise ValueError("a stored aggregate() state is truncated")
+
+    def merge_into(self, cache: "KeyGroupCache", keys: Sequence[Any], incoming: list[Any]) -> list[Any]:
+        """Merge the block ``incoming`` (one row per key) into the accumulators ``cache`` holds for the
+        distinct normalized ``keys``, read and written as byte ranges (no object per key); the merged block."""
+        merged: list[Any] = []
+
+        def update(buffer: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, ...]:
+            merged[:] = self.merge(self.decode_buffer(buffer, starts, lengths), incoming)
+            encoded, begins, ends = self.encode_buffer(merged)
+            return encoded, begins, ends - begins
+
+        cache.update_values(keys, update)
+        return merged
 
     def encode(self, block: list[Any]) -> list[bytes]:
         """One stored value per row of ``block`` (the bytes of a :class:`PackedAccumulator`)."""

@@ -40,7 +40,14 @@ from state.keygroups import DEFAULT_MAX_PARALLELISM, check_max_parallelism
 
 from ..decorators import check_operator_key, spec_of
 from ..processor import check_initial_state, processor_timeout
-from ..protocol import WATERMARK_FIELD, check_checkpoint_fits, commit_metadata, late_rows_watermark, watermark_for
+from ..protocol import (
+    WATERMARK_FIELD,
+    check_checkpoint_fits,
+    commit_metadata,
+    late_rows_watermark,
+    state_key_columns,
+    watermark_for,
+)
 from ..windows import WINDOW_START, check_runner_settings
 from . import _task
 from ._sql_combine import sql_exprs, sql_partials
@@ -501,6 +508,7 @@ class StreamRunner:
                             key_columns=self.key_columns,
                             key_types=self.key_types,
                             parallelism=self.parallelism,
+                            state_key_columns=state_key_columns(self.spec, self.key_columns),
                             placement=self.placement,
                             **{WATERMARK_FIELD: context.watermark_ms},
                             **({BATCH_OFFSET_FIELD: self.batch_offset} if self.batch_offset else {}),

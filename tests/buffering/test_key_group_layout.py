@@ -14,7 +14,7 @@ import pytest
 
 from buffering import ApproxDistinct, Count, LocalRunner, Max, Mean, Min, Sum, aggregate, cached_state, mini_batch
 from buffering.operator import OperatorInstance
-from buffering.windows import Tumbling
+from buffering.windows import Hopping, Session, Tumbling
 from state.blocks import KeyGroupCache, is_block_key
 
 from .helpers import Clock, checkpoint_table, with_batch
@@ -173,9 +173,49 @@ def test_an_unknown_layout_is_refused_naming_it():
         cached_state(layout="blocks")
 
 
-def test_windowed_aggregates_keep_the_per_key_layout():
-    with pytest.raises(ValueError, match="windowed aggregate"):
-        cached_state(layout="key_group")(aggregate({"n": Count()}, window=Tumbling("1 minute")))
+def timed_batches(seed: int = 5, n: int = 10) -> list[pd.DataFrame]:
+    """Rows of 60 keys whose event times (``ts``, ms) move forward about 40 s a batch, some late."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        rows = int(rng.integers(50, 300))
+        out.append(pd.DataFrame({
+            "k": rng.integers(0, 60, rows).astype(np.int64),
+            "u": rng.integers(0, 500, rows).astype(np.int64),
+            "v": rng.integers(-50, 100, rows).astype(np.int64),
+            "ts": (i * 40_000 + rng.integers(-70_000, 40_000, rows)).clip(0).astype(np.int64),
+        }))
+    return out
+
+
+def run_windows(layout, location, frames, window, emit, schedule, max_entries=1_000):
+    outputs = []
+    per_run = -(-len(frames) // len(schedule))
+    for run_index, parallelism in enumerate(schedule):
+        op = cached_state(max_entries=max_entries, store="rocksdb", layout=layout)(
+            aggregate(AGGS, window=window, emit=emit))
+        runner = LocalRunner(op, key="k", parallelism=parallelism, clock=Clock(), checkpoint_location=location,
+                             event_time="ts", watermark_delay_ms=20_000)
+        outputs += [runner.process(f) for f in frames[run_index * per_run : (run_index + 1) * per_run]]
+        runner.close()
+    return outputs
+
+
+@pytest.mark.parametrize("window", [Tumbling("1 minute"), Hopping("1 minute", "20 seconds")], ids=["tumbling", "hopping"])
+@pytest.mark.parametrize("emit", ["watermark", "update"])
+def test_windowed_aggregates_equal_the_per_key_layouts_through_evictions_and_rescales(tmp_path, window, emit):
+    frames = timed_batches()
+    schedule, bound = (1, 3, 2), 40  # a bound of 40 (key, window) entries: key groups are evicted every batch
+    expected = run_windows("key", tmp_path / "key", frames, window, emit, schedule, bound)
+    got = run_windows("key_group", tmp_path / "key_group", frames, window, emit, schedule, bound)
+    assert sum(map(len, got)) > 0
+    pd.testing.assert_frame_equal(with_batch(got), with_batch(expected))
+    assert checkpoint_table(tmp_path / "key_group") == checkpoint_table(tmp_path / "key")
+
+
+def test_session_windows_keep_the_per_key_layout():
+    with pytest.raises(ValueError, match="session window"):
+        cached_state(layout="key_group")(aggregate({"n": Count()}, window=Session("1 minute")))
 
 
 def test_functions_keep_the_per_key_layout():

@@ -300,6 +300,17 @@ def test_a_windows_state_is_restored_to_the_instance_that_owns_its_keys_key_grou
     assert held == len(windows) > 20
 
 
+def test_a_windowed_checkpoint_reads_back_with_a_window_start_column(tmp_path):
+    from checkpoint import read_state
+
+    runner, _ = run(aggregate(AGGS, window=Tumbling("1h")), batches(4, keys=10), checkpoint_location=str(tmp_path / "ckpt"))
+    expected = sorted(runner.state())
+    runner.close()
+    state = read_state(str(tmp_path / "ckpt"))
+    assert list(state.columns) == ["k", "window_start", "state"]
+    assert sorted(zip(state["k"], state["window_start"])) == expected and expected
+
+
 def test_windows_of_a_two_column_string_key_survive_a_restore_at_another_parallelism(tmp_path):
     frames = [f.assign(user=f["k"].map(lambda k: f"u{k % 3}"), k=f["k"].map(lambda k: f"t{k}")) for f in batches(9)]
     closing = [f.assign(user="u", k=f["k"].astype(str)) for f in closing_batches()]

@@ -146,10 +146,18 @@ def test_a_flushed_cache_follows_its_reopened_table(tmp_path):
     reopened.close()
 
 
-def test_a_table_with_grouping_columns_is_refused(tmp_path):
-    store = RocksDBStore(tmp_path / "db", group_columns=1)
-    with pytest.raises(ValueError, match="group_columns"):
-        KeyGroupCache(store)
+def test_a_table_grouping_its_keys_by_a_column_keeps_each_group_in_its_block(tmp_path):
+    store = RocksDBStore(tmp_path / "db", max_parallelism=8, group_columns=1)
+    cache = KeyGroupCache(store)
+    pairs = [((k, start), k * 1000 + start) for k in range(40) for start in (0, 60_000)]
+    cache.put_many(pairs)
+    cache.flush()
+    records = list(store.iter_raw())
+    assert records and all(is_block_key(raw_key) for raw_key, _ in records)
+    # a (key, window start) pair is in the block of the key's own key group
+    assert {raw_key[:2] for raw_key, _ in records} == {store.raw_keys([(k, 0)])[0][:2] for k in range(40)}
+    assert sorted(cache.key_list()) == sorted(k for k, _ in pairs)
+    assert KeyGroupCache(store).get_many([k for k, _ in pairs]) == [v for _, v in pairs]
     store.close()
 
 

@@ -79,11 +79,14 @@ def spark_rows(spark, source: str, checkpoint: str, window_column) -> pd.DataFra
     return _rows(out)
 
 
-def opbuffer_rows(spark, source: str, checkpoint: str, window) -> tuple[pd.DataFrame, int]:
+def opbuffer_rows(spark, source: str, checkpoint: str, window, layout: str = "key") -> tuple[pd.DataFrame, int]:
     out: list = []
+    operator = buffering.aggregate({"n": Count(), "s": Sum("v")}, window=window)
+    if layout != "key":
+        operator = buffering.cached_state(max_entries=40, store="rocksdb", layout=layout)(operator)
     query = buffering.spark.run_stream(
         stream_of(spark, source, SCHEMA),
-        buffering.aggregate({"n": Count(), "s": Sum("v")}, window=window),
+        operator,
         key="k",
         event_time="ts",
         watermark_delay_ms=20 * SECOND,
@@ -126,6 +129,25 @@ def test_windowed_aggregate_gives_the_final_rows_of_sparks_windowed_aggregation(
     pd.testing.assert_frame_equal(got, expected)
     per_row = -(-10 // 4) if name == "hopping" else 1  # each late row is late in every window it falls in
     assert dropped >= late and dropped <= late * per_row
+
+
+@pytest.mark.parametrize(
+    "name, window, spark_window",
+    [
+        ("tumbling", Tumbling("10 seconds"), ("window", "10 seconds")),
+        ("hopping", Hopping("10 seconds", "4 seconds"), ("window", "10 seconds", "4 seconds")),
+    ],
+)
+def test_windows_kept_as_key_group_blocks_give_sparks_rows(spark, tmp_path, name, window, spark_window):
+    from pyspark.sql import functions as F
+
+    frames, _ = inputs(11, 10 * SECOND)
+    source = write_batches(str(tmp_path / "in"), frames)
+    function, *args = spark_window
+    expected = spark_rows(spark, source, str(tmp_path / "spark-ck"), getattr(F, function)("ts", *args))
+    got, _ = opbuffer_rows(spark, source, str(tmp_path / "ck"), window, layout="key_group")  # 40 entries: evictions
+    assert len(expected) > 10
+    pd.testing.assert_frame_equal(got, expected)
 
 
 def test_windows_of_aggregations_without_a_sql_twin_are_assigned_by_the_instances(spark, tmp_path):

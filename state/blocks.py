@@ -672,7 +672,10 @@ class KeyGroupCache(Store):
         return self._load_many([nkey])[0]
 
     def _load_many(self, nkeys: Sequence[NormalizedKey]) -> list[Any]:
-        buffer, starts, lengths = self.read_values(nkeys)
+        return self._deserialized(*self.read_values(nkeys))
+
+    def _deserialized(self, buffer: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> list[Any]:
+        """The values lying in ``buffer`` at ``starts`` with ``lengths``, deserialized (MISSING: length -1)."""
         raw = buffer.tobytes()
         loads = self.serializer.loads
         return [
@@ -726,13 +729,8 @@ class KeyGroupCache(Store):
 
     def pop_many(self, keys: Iterable[Any], default: Any = None) -> list[Any]:
         """:meth:`Store.pop_many`, the keys located once (see :meth:`pop_values`)."""
-        buffer, starts, lengths = self.pop_values(normalize_keys(keys))
-        raw = buffer.tobytes()
-        loads = self.serializer.loads
-        return [
-            default if length < 0 else loads(raw[start : start + length])
-            for start, length in zip(starts.tolist(), lengths.tolist())
-        ]
+        values = self._deserialized(*self.pop_values(normalize_keys(keys)))
+        return [default if v is MISSING else v for v in values]
 
     def _iter_items(self) -> Iterator[tuple[NormalizedKey, Any]]:
         self.flush()

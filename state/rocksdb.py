@@ -13,9 +13,9 @@ durable. Pass ``wal=True`` for a store that must survive a crash on its own.
 from __future__ import annotations
 
 import os
-from itertools import chain
 import struct
 from collections import deque
+from itertools import chain
 from typing import Any, Iterable, Iterator, Sequence
 
 import xxhash

@@ -259,9 +259,12 @@ def cached_state(
     cached, but a write-back rewrites the whole block of every key group it
     touches: choose them when most keys change between checkpoints (an
     aggregate over hot keys) and ``max_entries`` / ``max_bytes`` hold the
-    instance's state (the bounds evict whole key groups). Blocks take no
-    ``ttl_ms``, watermarks, other policy or ``memory_budget``. Either layout
-    restores a checkpoint written with the other (converted as it is read).
+    instance's state (the bounds evict whole key groups). A tumbling or
+    hopping windowed aggregate keeps each window's entry in its key's block
+    (closing windows reads and deletes them as byte ranges); session windows
+    keep the per-key layout. Blocks take no ``ttl_ms``, watermarks, other
+    policy or ``memory_budget``. Either layout restores a checkpoint written
+    with the other (converted as it is read).
     """
     config = StateConfig(max_entries, max_bytes, policy, store, path, low_watermark, high_watermark, ttl_ms, layout)
 

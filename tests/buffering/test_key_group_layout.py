@@ -213,6 +213,32 @@ def test_windowed_aggregates_equal_the_per_key_layouts_through_evictions_and_res
     assert checkpoint_table(tmp_path / "key_group") == checkpoint_table(tmp_path / "key")
 
 
+def test_a_batch_failing_after_it_closed_windows_is_retried_with_those_windows_back(tmp_path, monkeypatch):
+    from checkpoint.writer import CheckpointWriter
+
+    frames = timed_batches(seed=8, n=6)
+    window = Tumbling("1 minute")
+    expected = run_windows("key", tmp_path / "key", frames, window, "watermark", (1,), 40)
+    op = cached_state(max_entries=40, store="rocksdb", layout="key_group")(aggregate(AGGS, window=window))
+    runner = LocalRunner(op, key="k", parallelism=2, clock=Clock(), checkpoint_location=tmp_path / "ck",
+                         event_time="ts", watermark_delay_ms=20_000)
+    outputs = [runner.process(f) for f in frames[:3]]
+    write = CheckpointWriter.write
+
+    def disk_full(self, *args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(CheckpointWriter, "write", disk_full)
+    with pytest.raises(OSError, match="disk full"):
+        runner.process(frames[3])  # closes windows (pops their entries from the blocks), then fails
+    monkeypatch.setattr(CheckpointWriter, "write", write)
+    outputs += [runner.process(f) for f in frames[3:]]
+    runner.close()
+    assert len(outputs[3]) > 0  # the retried batch emits the windows the failed attempt had popped
+    pd.testing.assert_frame_equal(with_batch(outputs), with_batch(expected))
+    assert checkpoint_table(tmp_path / "ck") == checkpoint_table(tmp_path / "key")
+
+
 def test_session_windows_keep_the_per_key_layout():
     with pytest.raises(ValueError, match="session window"):
         cached_state(layout="key_group")(aggregate({"n": Count()}, window=Session("1 minute")))

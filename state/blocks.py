@@ -542,10 +542,19 @@ class KeyGroupCache(Store):
         to ``update``, and set each key to what it returns (``(buffer, starts, lengths)`` in the same
         order; length -1 deletes). The keys are located once; when the key groups fit the bounds they
         stay held in between."""
+        self._update(nkeys, update, "update_values")
+
+    def _update(
+        self,
+        nkeys: Sequence[NormalizedKey],
+        update: Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]],
+        caller: str,
+    ) -> None:
+        """:meth:`update_values`, its error naming ``caller``."""
         self._check_open()
         raw_keys, located = self._locate(nkeys)
         if len(set(raw_keys)) != len(raw_keys):
-            raise ValueError("update_values takes distinct keys")
+            raise ValueError(f"{caller} takes distinct keys")
         buffer, starts, lengths, parts = self._gather(raw_keys, located)
         source, new_starts, new_lengths = update(buffer, starts, lengths)
         if len(new_starts) != len(raw_keys) or len(new_lengths) != len(raw_keys):
@@ -719,13 +728,14 @@ class KeyGroupCache(Store):
         """Delete distinct ``nkeys`` and return their serialized values as :meth:`read_values` gives them
         (length -1: had none). The keys are located once, for the read and the deletes. O(k) plus
         the bytes of their key groups, as :meth:`update_values`."""
-        self._check_open()
-        raw_keys, located = self._locate(nkeys)
-        if len(set(raw_keys)) != len(raw_keys):
-            raise ValueError("pop_many takes distinct keys")
-        buffer, starts, lengths, parts = self._gather(raw_keys, located)
-        self._scatter(parts, buffer, starts, np.full(len(raw_keys), -1, dtype=np.int64))
-        return buffer, starts, lengths
+        popped: list[np.ndarray] = []
+
+        def delete(buffer: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, ...]:
+            popped[:] = (buffer, starts, lengths)
+            return buffer, starts, np.full(len(starts), -1, dtype=np.int64)
+
+        self._update(nkeys, delete, "pop_many")
+        return popped[0], popped[1], popped[2]
 
     def pop_many(self, keys: Iterable[Any], default: Any = None) -> list[Any]:
         """:meth:`Store.pop_many`, the keys located once (see :meth:`pop_values`)."""

@@ -22,31 +22,41 @@ from .helpers import Clock, checkpoint_table, with_batch
 AGGS = {"n": Count(), "s": Sum("v"), "lo": Min("v"), "hi": Max("v"), "avg": Mean("v"), "users": ApproxDistinct("u")}
 
 
-def batches(seed: int = 3, n: int = 9) -> list[pd.DataFrame]:
+def batches(seed: int = 3, n: int = 9, timed: bool = False) -> list[pd.DataFrame]:
+    """Random rows of 60 keys; ``timed``: 50 rows or more a batch, with event times (``ts``, ms) moving
+    forward about 40 s a batch, some late."""
     rng = np.random.default_rng(seed)
     out = []
-    for _ in range(n):
-        rows = int(rng.integers(0, 300))
-        out.append(pd.DataFrame({
+    for i in range(n):
+        rows = int(rng.integers(50 if timed else 0, 300))
+        frame = pd.DataFrame({
             "k": rng.integers(0, 60, rows).astype(np.int64),
             "u": rng.integers(0, 500, rows).astype(np.int64),
             "v": rng.integers(-50, 100, rows).astype(np.int64),
-        }))
+        })
+        if timed:
+            frame["ts"] = (i * 40_000 + rng.integers(-70_000, 40_000, rows)).clip(0).astype(np.int64)
+        out.append(frame)
     return out
 
 
-def operator(layout: str, max_entries: int = 1_000):
-    return cached_state(max_entries=max_entries, store="rocksdb", layout=layout)(aggregate(AGGS))
+def operator(layout: str, max_entries: int = 1_000, window=None, emit: str = "watermark"):
+    aggregation = aggregate(AGGS) if window is None else aggregate(AGGS, window=window, emit=emit)
+    return cached_state(max_entries=max_entries, store="rocksdb", layout=layout)(aggregation)
 
 
-def run(layout: str, location, frames, schedule=(1,), max_entries: int = 1_000) -> list[pd.DataFrame]:
+def runner_of(op, location, parallelism: int = 1) -> LocalRunner:
+    """A runner of ``op``; a windowed one reads event times from ``ts`` with a 20 s watermark delay."""
+    timed = {"event_time": "ts", "watermark_delay_ms": 20_000} if op.__opbuffer__.window is not None else {}
+    return LocalRunner(op, key="k", parallelism=parallelism, clock=Clock(), checkpoint_location=location, **timed)
+
+
+def run(layout: str, location, frames, schedule=(1,), max_entries: int = 1_000, window=None, emit="watermark") -> list[pd.DataFrame]:
     """Process ``frames`` split evenly over restarts at the parallelisms of ``schedule``."""
     outputs = []
     per_run = -(-len(frames) // len(schedule))
     for run_index, parallelism in enumerate(schedule):
-        runner = LocalRunner(
-            operator(layout, max_entries), key="k", parallelism=parallelism, clock=Clock(), checkpoint_location=location
-        )
+        runner = runner_of(operator(layout, max_entries, window, emit), location, parallelism)
         outputs += [runner.process(f) for f in frames[run_index * per_run : (run_index + 1) * per_run]]
         runner.close()
     return outputs
@@ -173,41 +183,13 @@ def test_an_unknown_layout_is_refused_naming_it():
         cached_state(layout="blocks")
 
 
-def timed_batches(seed: int = 5, n: int = 10) -> list[pd.DataFrame]:
-    """Rows of 60 keys whose event times (``ts``, ms) move forward about 40 s a batch, some late."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for i in range(n):
-        rows = int(rng.integers(50, 300))
-        out.append(pd.DataFrame({
-            "k": rng.integers(0, 60, rows).astype(np.int64),
-            "u": rng.integers(0, 500, rows).astype(np.int64),
-            "v": rng.integers(-50, 100, rows).astype(np.int64),
-            "ts": (i * 40_000 + rng.integers(-70_000, 40_000, rows)).clip(0).astype(np.int64),
-        }))
-    return out
-
-
-def run_windows(layout, location, frames, window, emit, schedule, max_entries=1_000):
-    outputs = []
-    per_run = -(-len(frames) // len(schedule))
-    for run_index, parallelism in enumerate(schedule):
-        op = cached_state(max_entries=max_entries, store="rocksdb", layout=layout)(
-            aggregate(AGGS, window=window, emit=emit))
-        runner = LocalRunner(op, key="k", parallelism=parallelism, clock=Clock(), checkpoint_location=location,
-                             event_time="ts", watermark_delay_ms=20_000)
-        outputs += [runner.process(f) for f in frames[run_index * per_run : (run_index + 1) * per_run]]
-        runner.close()
-    return outputs
-
-
 @pytest.mark.parametrize("window", [Tumbling("1 minute"), Hopping("1 minute", "20 seconds")], ids=["tumbling", "hopping"])
 @pytest.mark.parametrize("emit", ["watermark", "update"])
 def test_windowed_aggregates_equal_the_per_key_layouts_through_evictions_and_rescales(tmp_path, window, emit):
-    frames = timed_batches()
+    frames = batches(5, 10, timed=True)
     schedule, bound = (1, 3, 2), 40  # a bound of 40 (key, window) entries: key groups are evicted every batch
-    expected = run_windows("key", tmp_path / "key", frames, window, emit, schedule, bound)
-    got = run_windows("key_group", tmp_path / "key_group", frames, window, emit, schedule, bound)
+    expected = run("key", tmp_path / "key", frames, schedule, bound, window, emit)
+    got = run("key_group", tmp_path / "key_group", frames, schedule, bound, window, emit)
     assert sum(map(len, got)) > 0
     pd.testing.assert_frame_equal(with_batch(got), with_batch(expected))
     assert checkpoint_table(tmp_path / "key_group") == checkpoint_table(tmp_path / "key")
@@ -216,12 +198,10 @@ def test_windowed_aggregates_equal_the_per_key_layouts_through_evictions_and_res
 def test_a_batch_failing_after_it_closed_windows_is_retried_with_those_windows_back(tmp_path, monkeypatch):
     from checkpoint.writer import CheckpointWriter
 
-    frames = timed_batches(seed=8, n=6)
+    frames = batches(8, 6, timed=True)
     window = Tumbling("1 minute")
-    expected = run_windows("key", tmp_path / "key", frames, window, "watermark", (1,), 40)
-    op = cached_state(max_entries=40, store="rocksdb", layout="key_group")(aggregate(AGGS, window=window))
-    runner = LocalRunner(op, key="k", parallelism=2, clock=Clock(), checkpoint_location=tmp_path / "ck",
-                         event_time="ts", watermark_delay_ms=20_000)
+    expected = run("key", tmp_path / "key", frames, (1,), 40, window)
+    runner = runner_of(operator("key_group", 40, window), tmp_path / "ck", parallelism=2)
     outputs = [runner.process(f) for f in frames[:3]]
     write = CheckpointWriter.write
 

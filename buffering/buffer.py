@@ -18,7 +18,9 @@ import pandas as pd
 
 from state.keys import NormalizedKey, normalize_key
 
-from .aggregations import Aggregations
+from .aggregations import Aggregations, Grouping
+from .aggregations.columnar import ColumnarLayout, PackedAccumulator
+from .aggregations.engine import _check_columns
 from .decorators import MiniBatchConfig
 from .frames import row_slices
 
@@ -317,6 +319,95 @@ class MiniBatchBuffer:
             else:
                 frame = pd.DataFrame(value)
                 self._chunks.append(_Chunk(frame, np.full(len(frame), self._keys[nkey], dtype=np.int64)))
+
+
+class RowPartials:
+    """A batch's raw rows for an ``aggregate()`` kept as columns: one block of partials for all its keys.
+
+    Without a trigger an aggregate folds a whole batch into its state at the
+    batch's end. The buffer's way, a partial object per key and chunk merged
+    per key (a DataSketches sketch per key, one call per value), costs Python
+    work per key and value; here the rows of the batch's chunks wait as they
+    came (their key and input columns) and are folded into one block at the
+    end (:meth:`ColumnarLayout.from_rows`: one factorization, numpy partials,
+    HyperLogLog coupons hashed with numpy). Past ``fold_rows`` waiting rows
+    they are folded early and merged with the block so far, so memory stays
+    O(keys + fold_rows). Keys keep their first-arrival order.
+    """
+
+    def __init__(
+        self,
+        key_columns: list[str],
+        key_types: Optional[Sequence[str]],
+        layout: ColumnarLayout,
+        aggregations: Aggregations,
+        fold_rows: int = 1 << 20,
+    ) -> None:
+        self.key_columns = list(key_columns)
+        self.key_types = key_types
+        self.layout = layout
+        self.aggregations = aggregations
+        self.fold_rows = fold_rows
+        self._columns = list(dict.fromkeys([*self.key_columns, *aggregations.input_columns]))
+        self._frames: list[pd.DataFrame] = []
+        self._waiting = 0  # rows in _frames
+        self._ids: dict[NormalizedKey, int] = {}  # key -> row of the block, in first-arrival order
+        self._rows: list[int] = []  # input rows per key folded so far
+        self._folded = 0  # sum(_rows)
+        self._block: Optional[list[Any]] = None  # the folded rows' partials, one row per key folded so far
+        self.first_ms: Optional[int] = None
+
+    def __len__(self) -> int:
+        """Rows waiting (folded or not)."""
+        return self._waiting + self._folded
+
+    def add(self, frame: pd.DataFrame, arrival_ms: int) -> None:
+        """Take a chunk of the batch (checked for the key and input columns now, folded later)."""
+        if not len(frame):
+            return
+        _check_columns(frame, self._columns, "aggregate")
+        self._frames.append(frame[self._columns])
+        self._waiting += len(frame)
+        if self.first_ms is None:
+            self.first_ms = arrival_ms
+        if self._waiting >= self.fold_rows:
+            self._fold()
+
+    def _fold(self) -> None:
+        frames, self._frames, self._waiting = self._frames, [], 0
+        if not frames:
+            return
+        frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+        codes, uniques = factorize_keys(frame, self.key_columns, self.key_types)
+        ids = self._ids
+        rows = self._rows
+        before = len(ids)
+        where = np.fromiter((ids.setdefault(nkey, len(ids)) for nkey in uniques), dtype=np.int64, count=len(uniques))
+        rows.extend([0] * (len(ids) - before))
+        if len(where) and np.bincount(where).max() > 1:  # values that normalize to one key (1 and 1.0 of objects)
+            where, local = np.unique(where, return_inverse=True)
+            codes = local[codes]
+        counts = np.bincount(codes, minlength=len(where)).tolist()
+        for row, count in zip(where.tolist(), counts):
+            rows[row] += count
+        self._folded += len(frame)
+        n = len(ids)
+        block = self.layout.spread(self.layout.from_rows(self.aggregations, frame, Grouping(codes, len(where), None)), where, n)
+        if self._block is not None:
+            block = self.layout.merge(self.layout.spread(self._block, np.arange(before, dtype=np.int64), n), block)
+        self._block = block
+
+    def drain(self) -> tuple[list[NormalizedKey], list[Any], list[int]]:
+        """The keys (first-arrival order), their block of partials and input rows per key; empties this."""
+        self._fold()
+        keys, block, rows = list(self._ids), self._block, self._rows
+        self._ids, self._block, self._rows, self._folded, self.first_ms = {}, None, [], 0, None
+        return keys, (block if block is not None else self.layout.empty(0)), rows
+
+    def drain_accumulators(self) -> tuple[list[NormalizedKey], list[Any], list[int]]:
+        """:meth:`drain` with each key's partials as an accumulator (a mapping ``{output: partial}``)."""
+        keys, block, rows = self.drain()
+        return keys, [PackedAccumulator(value) for value in self.layout.encode(block)], rows
 
 
 def _grouped(chunks: list[_Chunk], keys: list[NormalizedKey]) -> Iterator[tuple[NormalizedKey, pd.DataFrame]]:

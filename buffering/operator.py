@@ -35,7 +35,7 @@ from state.timers import TimerService
 from state.ttl import AnyExpiryIndex, ExpiryIndex, OrderedExpiryIndex, expiry_for
 
 from .aggregations.columnar import ColumnarLayout, PackedSerializer, packed
-from .buffer import MiniBatchBuffer
+from .buffer import MiniBatchBuffer, RowPartials
 from .frames import FrameCollector
 from .protocol import call_function, spark_key_function
 from .decorators import OperatorSpec
@@ -301,6 +301,12 @@ class OperatorInstance:
             )
         else:
             self.buffer = MiniBatchBuffer(self.key_columns, spec.mini_batch, key_types)
+        # An aggregate without a trigger folds a batch's raw rows into one block of partials at its end.
+        self._row_partials: Optional[RowPartials] = (
+            RowPartials(self.key_columns, key_types, self.columnar, spec.aggregations)
+            if self.columnar is not None and self._merge_directly and spec.aggregations is not None
+            else None
+        )
         # Columns of the frames handed to the function (the empty frame of a timeout has them).
         self._value_columns: Sequence[str] = list(self.key_columns)
         # The key as Spark hands it to the function, the conversion chosen once for the key types.
@@ -507,6 +513,12 @@ class OperatorInstance:
         return report
 
     def _save_pending(self) -> None:
+        rows = self._row_partials
+        if rows is not None and len(rows):
+            # Persisted before the batch's end: they wait in the buffer as accumulators, as a trigger's would.
+            arrival_ms = rows.first_ms
+            keys, accumulators, counts = rows.drain_accumulators()
+            self.buffer.add_accumulators(keys, accumulators, counts, arrival_ms)
         snapshot = self.buffer.snapshot()
         pending = self.tables[PENDING_TABLE]
         stale = [k for k in self._pending_keys if k not in snapshot]
@@ -531,6 +543,9 @@ class OperatorInstance:
         if self.windows is not None and len(frame):
             frame, late = self.windows.assign(frame, _late_rows(watermark_ms, late_watermark_ms))  # open windows' pairs
             self.metrics.late_rows += late
+        if self._row_partials is not None and not len(self.buffer):
+            self._row_partials.add(frame, processing_time_ms)
+            return outputs
         n = len(frame)
         start = 0
         row_bytes = 0.0
@@ -576,7 +591,7 @@ class OperatorInstance:
     def end_of_batch(self, processing_time_ms: int, watermark_ms: int) -> list[pd.DataFrame]:
         """Time-triggered flush (or the flush of an unbuffered operator), then due timeouts, then the TTL sweep."""
         outputs: list[pd.DataFrame] = []
-        if self.buffer.should_flush(processing_time_ms):
+        if self.buffer.should_flush(processing_time_ms) or (self._row_partials is not None and len(self._row_partials)):
             outputs.extend(self.flush(processing_time_ms, watermark_ms))
         if self.windows is not None:
             if len(self.buffer):  # a closing window's pending partials join it first
@@ -656,11 +671,15 @@ class OperatorInstance:
     def _flush_aggregate(self, processing_time_ms: int) -> list[pd.DataFrame]:
         aggs = self.spec.aggregations
         assert aggs is not None
+        outputs: list[pd.DataFrame] = []
+        if self._row_partials is not None and len(self._row_partials):
+            row_keys, block, _ = self._row_partials.drain()
+            outputs.append(self._merge_columns(row_keys, block, processing_time_ms))
         keys, partials = self.buffer.drain_accumulators()
         if not keys:
-            return []
+            return outputs
         if self.columnar is not None:
-            return [self._merge_columns(keys, self.columnar.from_accumulators(partials), processing_time_ms)]
+            return [*outputs, self._merge_columns(keys, self.columnar.from_accumulators(partials), processing_time_ms)]
         stored = self._visible(keys, self.state.get_many(keys), processing_time_ms)
         merge = aggs.merge
         merged = [p if s is None else merge(s, p) for s, p in zip(stored, partials)]

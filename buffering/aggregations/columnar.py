@@ -48,6 +48,7 @@ import numpy as np
 from state.blocks import concatenated_ranges
 
 from .basic import Count, First, Last, Max, Mean, Min, Sum
+from .engine import Grouping
 from .sketches import ApproxDistinct, HllPartial, _datasketches
 
 if TYPE_CHECKING:
@@ -206,6 +207,9 @@ class CountField:
 
     def from_partials(self, partials: Sequence[Any]) -> np.ndarray:
         return np.fromiter(partials, dtype=np.int64, count=len(partials))
+
+    def from_rows(self, agg: Count, df: Any, grouping: Grouping) -> np.ndarray:
+        return np.asarray(agg._grouped(df, grouping), dtype=np.int64)
 
     def from_sql(self, values: np.ndarray) -> np.ndarray:
         return np.asarray(values, dtype=np.int64)
@@ -416,6 +420,18 @@ class HllField:
     def from_partials(self, partials: Sequence[Any]) -> HllColumn:
         return self.from_sketch_bytes([p.sketch.serialize_compact() for p in partials])
 
+    def from_rows(self, agg: ApproxDistinct, df: Any, grouping: Grouping) -> HllColumn:
+        """The sketches of the groups' raw values: for typed columns the coupons DataSketches would add
+        (:func:`~.sketches.hll_coupons`), de-duplicated and past the limit folded into registers by one
+        :meth:`merge`, with no sketch object per group; strings and objects through the library."""
+        pairs = agg.coupons(df, grouping)
+        if pairs is None:
+            return self.from_partials(agg._grouped(df, grouping))
+        rows, coupons = pairs
+        n = grouping.ngroups
+        raw = HllColumn(n, rows.astype(np.int64), coupons, np.empty(0, np.int64), np.empty((0, self.k), np.uint8))
+        return self.merge(self.empty(n), raw)
+
     def from_sql(self, values: np.ndarray) -> HllColumn:
         return self.from_sketch_bytes([v if type(v) is bytes else bytes(v) for v in values])
 
@@ -593,6 +609,9 @@ class ScalarField:
     def from_partials(self, partials: Sequence[Any]) -> ScalarColumn:
         return _scalar_column([p.item() if isinstance(p, np.generic) else p for p in partials])
 
+    def from_rows(self, agg: Any, df: Any, grouping: Grouping) -> ScalarColumn:
+        return self.from_partials(agg._grouped(df, grouping))
+
     def from_sql(self, values: Any) -> ScalarColumn:
         """``(values, non-null counts)`` as the SQL combine gives them (ints, or strings for a pick)."""
         values, counts = values
@@ -651,6 +670,9 @@ class MeanField:
     def from_partials(self, partials: Sequence[Any]) -> tuple:
         sums = [None if not c else (s.item() if isinstance(s, np.generic) else s) for s, c in partials]
         return (_scalar_column(sums), np.fromiter((c for _, c in partials), dtype=np.int64, count=len(partials)))
+
+    def from_rows(self, agg: Mean, df: Any, grouping: Grouping) -> tuple:
+        return self.from_partials(agg._grouped(df, grouping))
 
     def from_sql(self, values: Any) -> tuple:
         sums, counts = values
@@ -733,6 +755,16 @@ class ColumnarLayout:
         """A block from the object path's ``{output: partial}`` dicts."""
         return [field.from_partials([acc[name] for acc in accumulators]) for name, field in zip(self.names, self.fields)]
 
+    def from_rows(self, aggregations: Mapping[str, Any], df: Any, grouping: Grouping) -> list[Any]:
+        """A block of the partials of raw rows: row i holds group i of ``grouping``.
+
+        ``ApproxDistinct`` of typed values hashes them with numpy as DataSketches
+        would (no sketch object per group, no call per value), ``Count`` is one
+        bincount; other outputs come from their aggregation's grouped partials.
+        O(rows) numpy work plus a sort of the distinct (group, coupon) pairs.
+        """
+        return [field.from_rows(aggregations[name], df, grouping) for name, field in zip(self.names, self.fields)]
+
     def from_columns(self, columns: Mapping[str, Any]) -> list[Any]:
         """A block from per-output arrays of partials as Spark SQL gives them (counts, sketch bytes)."""
         return [field.from_sql(columns[name]) for name, field in zip(self.names, self.fields)]
@@ -785,9 +817,10 @@ class ColumnarLayout:
         if present.all():
             return block
         # spread the stored rows over all n rows (the others empty)
-        return self._spread(block, np.flatnonzero(present), n)
+        return self.spread(block, np.flatnonzero(present), n)
 
-    def _spread(self, block: list[Any], where: np.ndarray, n: int) -> list[Any]:
+    def spread(self, block: list[Any], where: np.ndarray, n: int) -> list[Any]:
+        """The block over ``n`` rows: its row i at row ``where[i]`` (distinct), the other rows empty."""
         return [field.spread(column, where, n) for field, column in zip(self.fields, block)]
 
     def _decode_objects(self, values: Sequence[Any]) -> list[Any]:

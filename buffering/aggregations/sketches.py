@@ -150,6 +150,88 @@ def _hll_values(values: pd.Series) -> list:
     return items
 
 
+def _hll_words(values: pd.Series) -> np.ndarray | None:
+    """The non-null ``values`` as the 64-bit data DataSketches hashes, or None for strings and objects.
+
+    The same values as :func:`_hll_values` feeds the sketch, as int64 words:
+    ints, bools, unsigned ints (their bits), integral floats (as ints), other
+    floats (a double's bits: the sketch hashes a double's 8 bytes), datetimes
+    and timedeltas (int64 nanoseconds).
+    """
+    dtype = values.dtype
+    if pdt.is_bool_dtype(dtype) or pdt.is_signed_integer_dtype(dtype):
+        return values.to_numpy(dtype=np.int64)
+    if pdt.is_unsigned_integer_dtype(dtype):
+        return values.to_numpy(dtype=np.uint64).view(np.int64)
+    if pdt.is_float_dtype(dtype):
+        x = values.to_numpy(dtype=np.float64)
+        integral = np.isfinite(x) & (np.trunc(x) == x) & (np.abs(x) < 9.2e18)
+        words = x.view(np.int64).copy()
+        words[integral] = x[integral].astype(np.int64)
+        return words
+    if isinstance(dtype, pd.DatetimeTZDtype):
+        values = values.dt.tz_convert("UTC").dt.tz_localize(None)
+        dtype = values.dtype
+    if pdt.is_datetime64_dtype(dtype):
+        return values.astype("datetime64[ns]").to_numpy().view(np.int64)
+    if pdt.is_timedelta64_dtype(dtype):
+        return values.astype("timedelta64[ns]").to_numpy().view(np.int64)
+    return None
+
+
+# MurmurHash3_x64_128 of one 8-byte block, as DataSketches hashes a 64-bit datum (seed 9001).
+_SEED = np.uint64(9001)
+_EIGHT = np.uint64(8)
+_C1, _C2 = np.uint64(0x87C37B91114253D5), np.uint64(0x4CF5AD432745937F)
+_F1, _F2 = np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53)
+_S31, _S32, _S33 = np.uint64(31), np.uint64(32), np.uint64(33)
+_ADDRESS_26 = np.uint64((1 << 26) - 1)
+_LOW_32 = np.uint64(0xFFFFFFFF)
+
+
+def _fmix64(k: np.ndarray) -> np.ndarray:
+    k ^= k >> _S33
+    k *= _F1
+    k ^= k >> _S33
+    k *= _F2
+    k ^= k >> _S33
+    return k
+
+
+def _bit_length_32(x: np.ndarray) -> np.ndarray:
+    """Bit length of values below 2**32 (exact: such a value is exact in a double)."""
+    return np.frexp(x.astype(np.float64))[1]
+
+
+def hll_coupons(words: np.ndarray) -> np.ndarray:
+    """The HyperLogLog coupons DataSketches makes of 64-bit data: what ``hll_sketch.update`` adds for each.
+
+    ``words``: int64 values (or a double's bits, see :func:`_hll_words`).
+    A coupon is DataSketches' ``HllUtil::coupon`` of the datum's
+    MurmurHash3_x64_128 ``(h1, h2)`` (its 8 little-endian bytes, seed 9001):
+    ``(min(leading zeros of h2, 62) + 1) << 26 | (h1 & (2**26 - 1))``. A
+    sketch in LIST or SET mode holds exactly the distinct coupons of its
+    values; in HLL mode register ``coupon & (2**lg_k - 1)`` holds the largest
+    ``coupon >> 26``. O(n) numpy work (tens of ns a value), checked against
+    the library value by value in the tests.
+    """
+    k1 = np.ascontiguousarray(words, dtype=np.int64).view(np.uint64) * _C1
+    k1 = (k1 << _S31) | (k1 >> _S33)
+    k1 *= _C2
+    h1 = k1 ^ (_SEED ^ _EIGHT)  # h1 = seed; h1 ^= k1 (the tail block); h1 ^= len
+    h2 = np.full_like(h1, _SEED ^ _EIGHT)
+    h1 += h2
+    h2 += h1
+    h1 = _fmix64(h1)
+    h2 = _fmix64(h2)
+    h1 += h2
+    h2 += h1
+    high = h2 >> _S32
+    bits = np.where(high > 0, 32 + _bit_length_32(high), _bit_length_32(h2 & _LOW_32))
+    value = np.minimum(64 - bits, 62) + 1
+    return (value.astype(np.uint32) << np.uint32(26)) | (h1 & _ADDRESS_26).astype(np.uint32)
+
+
 class ApproxDistinct(Aggregation):
     """Approximate number of distinct non-null values: a HyperLogLog sketch (``datasketches``).
 
@@ -205,6 +287,16 @@ class ApproxDistinct(Aggregation):
             deque(map(sketch.update, items[start:end]), maxlen=0)  # no bulk update in datasketches
             out[g] = HllPartial(sketch)
         return out
+
+    def coupons(self, df: pd.DataFrame, grouping: Grouping) -> tuple[np.ndarray, np.ndarray] | None:
+        """Each non-null row's group and DataSketches coupon (:func:`hll_coupons`), or None for a column of
+        strings or objects (hashed by the library, one value at a time). O(rows) numpy work."""
+        values = self._input(df)
+        mask = _not_null(values)
+        words = _hll_words(values[mask] if not mask.all() else values)
+        if words is None:
+            return None
+        return grouping.codes[mask], hll_coupons(words)
 
     def merge(self, a: HllPartial, b: HllPartial) -> HllPartial:
         if b.sketch.is_empty():

@@ -12,7 +12,20 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from buffering import Aggregations, Count, LocalRunner, Max, Mean, Min, Sum, aggregate, cached_state, mini_batch
+from buffering import (
+    Aggregations,
+    ApproxDistinct,
+    OperatorInstance,
+    Count,
+    LocalRunner,
+    Max,
+    Mean,
+    Min,
+    Sum,
+    aggregate,
+    cached_state,
+    mini_batch,
+)
 
 from .helpers import Clock, checkpoint_table, plain
 
@@ -145,3 +158,68 @@ def test_aggregate_equals_the_groupby_after_a_restart(tmp_path, buffered):
     a = Aggregations(AGGS)
     same({k: plain(a.result(acc)) for k, acc in checkpoint_table(location).items()}, expected)
     second.close()
+
+
+# ---------------------------------------------------------------- a batch's raw rows folded as columns
+def tweet_batches(seed: int = 11, n: int = 5) -> list[pd.DataFrame]:
+    rng = np.random.default_rng(seed)
+    return [
+        pd.DataFrame({"tweet": rng.zipf(1.5, 400) % 60, "user": rng.integers(0, 300, 400), "v": rng.integers(0, 9, 400)})
+        for _ in range(n)
+    ]
+
+
+TWEET_AGGS = {"views": Count(), "viewers": ApproxDistinct("user", lg_k=7), "total": Sum("v")}
+
+
+def per_batch(op, frames, location, parallelism=1):
+    runner = LocalRunner(op, key="tweet", clock=Clock(), checkpoint_location=location, parallelism=parallelism)
+    outputs = [runner.process(f) for f in frames]
+    runner.close()
+    return outputs
+
+
+@pytest.mark.parametrize("parallelism", [1, 2])
+def test_an_unbuffered_aggregate_emits_and_checkpoints_what_the_buffered_one_does(tmp_path, parallelism):
+    """Without a trigger a batch's rows are folded as columns at its end; behind a trigger of one row they
+    are merged row by row as partial objects: every key's last result of a batch and the state are the same."""
+    frames = tweet_batches()
+    op = cached_state(max_entries=25, store="rocksdb")(aggregate(TWEET_AGGS))
+    got = per_batch(op, frames, tmp_path / "columns", parallelism)
+    expected = per_batch(mini_batch(max_rows=1)(op), frames, tmp_path / "partials", parallelism)
+    for g, e in zip(got, expected):
+        assert len(g) == g["tweet"].nunique()  # one row per key of the batch
+        assert latest_per_key([g], ["tweet"]) == latest_per_key([e], ["tweet"])
+    assert checkpoint_table(tmp_path / "columns") == checkpoint_table(tmp_path / "partials")
+
+
+def test_an_unbuffered_aggregate_folds_its_rows_once_at_the_batchs_end():
+    first, *chunks = tweet_batches(n=4)
+    runner = LocalRunner(aggregate(TWEET_AGGS), key="tweet", clock=Clock())
+    runner.process(first)
+    instance = runner.instances[0]
+    for frame in chunks:
+        assert instance.process(frame, 0, -1) == []  # nothing merged or emitted before the end
+    out = pd.concat(instance.end_of_batch(0, -1))
+    rows = pd.concat(chunks)
+    assert out["tweet"].tolist() == pd.unique(rows["tweet"]).tolist()  # one row per key, first-arrival order
+    views = pd.concat([first, *chunks])["tweet"].value_counts()
+    assert out.set_index("tweet")["views"].to_dict() == views[out["tweet"]].to_dict()
+
+
+def test_rows_waiting_when_the_store_is_handed_over_are_emitted_by_the_adopter_at_the_batchs_end(tmp_path):
+    op = cached_state(store="rocksdb", path=str(tmp_path / "work"))(aggregate(TWEET_AGGS))
+    runner = LocalRunner(op, key="tweet", clock=Clock(), checkpoint_location=tmp_path / "cp")
+    first, frame = tweet_batches(n=2)
+    runner.process(first)
+    instance = runner.instances[0]
+    instance.process(frame, 0, -1)
+    instance.suspend()  # writes what waits to the pending table, as a checkpoint does
+    instance.release_workdir()
+    adopter = OperatorInstance.for_runner(runner, 0, storage=runner.storage, manager=None, workdir=instance.workdir,
+                                          fresh=False)
+    adopter.adopt()  # another process takes the store over: what waited comes back from its tables
+    out = pd.concat(adopter.end_of_batch(0, -1))
+    adopter.close()
+    views = pd.concat([first, frame])["tweet"].value_counts()
+    assert out.set_index("tweet")["views"].to_dict() == views[pd.unique(frame["tweet"])].to_dict()

@@ -271,3 +271,126 @@ def test_a_packed_accumulator_equals_the_dict_of_its_partials():
     (value,) = lay.encode(lay.from_accumulators([{"n": 2, "top": 7}]))
     assert PackedAccumulator(value) == {"n": 2, "top": 7}
     assert PackedAccumulator(value) != {"n": 3, "top": 7}
+
+
+
+# ---------------------------------------------------------------- partials of raw rows
+from buffering.aggregations import Grouping  # noqa: E402
+from buffering.aggregations.sketches import _hll_values  # noqa: E402
+from buffering.buffer import RowPartials  # noqa: E402
+
+RAW_COLUMNS = {
+    "ints": pd.Series([0, 1, -1, 2**63 - 1, -(2**63), 7, 7, 123456789], dtype="int64"),
+    "bools": pd.Series([True, False, True, True, False, False, True, False]),
+    "uints": pd.Series([0, 1, 2**64 - 1, 2**63, 5, 5, 9, 10], dtype="uint64"),
+    "floats": pd.Series([0.5, -0.0, 3.0, float("inf"), -float("inf"), 1e300, None, -2.25]),
+    "nullable": pd.Series([1, None, 3, 4, None, 6, 7, 8], dtype="Int64"),
+    "times": pd.Series(pd.to_datetime(["2026-01-01 00:00:00", "1969-12-31 23:59:59.5", None, "2000-02-29 00:00:00"] * 2, format="ISO8601")),
+    "zoned": pd.Series(pd.to_datetime(["2026-01-01 12:00", "2026-06-01 00:30", None, "2026-03-29 02:30"] * 2)).dt.tz_localize(
+        "Europe/Paris", nonexistent="shift_forward"),
+    "spans": pd.Series(pd.to_timedelta([0, 1, -5, None, 10**15, 3, 3, 2], unit="ns")),
+}
+
+
+@pytest.mark.parametrize("column", list(RAW_COLUMNS))
+def test_each_rows_coupon_is_the_one_datasketches_adds_for_its_value(column):
+    frame = pd.DataFrame({column: RAW_COLUMNS[column]})
+    groups, coupons = ApproxDistinct(column).coupons(frame, Grouping.single(frame))
+    fed = _hll_values(frame[column].dropna())  # what the library path feeds the sketch, value by value
+    assert len(coupons) == len(fed) == len(groups)
+    for value, coupon in zip(fed, coupons.tolist()):
+        one = datasketches.hll_sketch(12, HLL_8)
+        one.update(value)
+        assert coupons_of(one.serialize_compact()) == {coupon}, (column, value)
+
+
+def test_random_longs_hash_to_the_coupons_datasketches_makes():
+    values = np.random.default_rng(5).integers(-(2**63), 2**63 - 1, 5000, dtype=np.int64)
+    frame = pd.DataFrame({"v": values})
+    _, coupons = ApproxDistinct("v").coupons(frame, Grouping.single(frame))
+    assert set(coupons.tolist()) == coupons_of(sketch(values.tolist(), lg_k=21).serialize_compact())
+
+
+def test_strings_have_no_numpy_coupons():
+    frame = pd.DataFrame({"v": ["a", "b"]})
+    assert ApproxDistinct("v").coupons(frame, Grouping.single(frame)) is None
+
+
+def group_values(seed: int, lg_k: int) -> pd.DataFrame:
+    """Groups from one value to past the coupon limit (they turn into registers), with repeats and nulls."""
+    rng = np.random.default_rng(seed)
+    sizes = [1, 3, coupon_limit(lg_k), coupon_limit(lg_k) + 20, 4 * coupon_limit(lg_k)]
+    keys = np.repeat(np.arange(len(sizes)), sizes)
+    frame = pd.DataFrame({"k": keys, "v": rng.integers(0, 10**12, len(keys)).astype(float)})
+    frame = pd.concat([frame, pd.DataFrame({"k": [0, 3], "v": [np.nan, np.nan]})], ignore_index=True)
+    return pd.concat([frame, frame.iloc[::3]], ignore_index=True).sample(frac=1, random_state=seed)
+
+
+@pytest.mark.parametrize("lg_k", [7, 12])
+def test_raw_rows_give_the_coupons_and_registers_of_a_datasketches_sketch_per_group(lg_k):
+    frame = group_values(lg_k, lg_k)
+    agg = ApproxDistinct("v", lg_k=lg_k)
+    field = HllField(lg_k)
+    grouping = Grouping.of(frame, "k")
+    got = field.from_rows(agg, frame, grouping)
+    expected = field.from_partials(agg._grouped(frame, grouping))  # a sketch per group, updated value by value
+    assert got.dense_rows.tolist() == expected.dense_rows.tolist() and len(got.dense_rows) == 2
+    assert np.array_equal(got.registers, expected.registers)
+    pairs = lambda c: sorted(zip(c.rows.tolist(), c.coupons.tolist()))  # noqa: E731
+    assert pairs(got) == pairs(expected)
+    assert field.results(got).tolist() == field.results(expected).tolist()
+
+
+def test_a_block_of_raw_rows_equals_the_block_of_their_partials():
+    aggs = Aggregations({**SCALARS, "viewers": ApproxDistinct("x"), "named": Count("y"), "words": ApproxDistinct("y")})
+    lay = ColumnarLayout.of(aggs)
+    frame = pd.DataFrame({"k": [3, 1, 3, 2, 1, 3], "x": [1, 5, None, -3, 5, 8], "y": ["a", None, "b", "a", "c", "b"]})
+    grouping = Grouping.of(frame, "k")
+    from_rows = lay.from_rows(aggs, frame, grouping)
+    from_partials = lay.from_accumulators([acc for _, acc in aggs.rows(aggs.partials(frame, ["k"]))])
+    assert lay.encode(from_rows) == lay.encode(from_partials)
+
+
+def tweet_layout():
+    aggs = Aggregations({"views": Count(), "viewers": ApproxDistinct("user", lg_k=7)})
+    return aggs, ColumnarLayout.of(aggs)
+
+
+def chunks(seed: int, n: int = 6):
+    rng = np.random.default_rng(seed)
+    return [pd.DataFrame({"tweet": rng.integers(0, 30, 200), "user": rng.integers(0, 500, 200)}) for _ in range(n)]
+
+
+@pytest.mark.parametrize("fold_rows", [1, 450, 10**6], ids=["every chunk", "some chunks", "at the end"])
+def test_rows_folded_early_give_the_block_of_one_fold(fold_rows):
+    aggs, lay = tweet_layout()
+    frames = chunks(1)
+    partials = RowPartials(["tweet"], None, lay, aggs, fold_rows=fold_rows)
+    for frame in frames:
+        partials.add(frame, arrival_ms=0)
+    assert len(partials) == 1200
+    keys, block, rows = partials.drain()
+    whole = pd.concat(frames, ignore_index=True)
+    order = pd.unique(whole["tweet"]).tolist()
+    assert keys == order  # first-arrival order
+    assert rows == whole["tweet"].value_counts()[order].tolist()
+    grouping = Grouping.of(whole, "tweet")
+    assert lay.encode(block) == lay.encode(lay.from_rows(aggs, whole, grouping))
+    assert len(partials) == 0 and partials.drain()[0] == []
+
+
+def test_keys_that_normalize_to_one_key_are_one_row():
+    aggs, lay = tweet_layout()
+    partials = RowPartials(["tweet"], None, lay, aggs)
+    partials.add(pd.DataFrame({"tweet": pd.Series([1, 1.0, True, 2], dtype=object), "user": [1, 2, 3, 4]}), arrival_ms=0)
+    keys, block, rows = partials.drain()
+    assert len(keys) == len(set(keys)) == len(rows) == lay.fields[0].length(block[0])
+    assert sum(rows) == 4 and lay.results(block)["views"].tolist() == rows
+
+
+def test_a_chunk_without_the_input_column_is_refused_naming_it():
+    aggs, lay = tweet_layout()
+    partials = RowPartials(["tweet"], None, lay, aggs)
+    with pytest.raises(KeyError, match="user"):
+        partials.add(pd.DataFrame({"tweet": [1]}), arrival_ms=0)
+    assert len(partials) == 0

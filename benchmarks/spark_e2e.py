@@ -32,6 +32,9 @@ The variants (each with fresh checkpoint and output directories):
     state store, the same parquet sink.
 (g) (c) with ``cached_state(..., layout="key_group")``: the state kept as one
     block per key group, in the cache and in RocksDB (``state.blocks``).
+(h) (g) with ``run_stream(combine_before_shuffle=False)``: no SQL combine, the
+    rows are shuffled as they are (as in (d)) and each operator instance folds
+    its batch's rows as columns (``ApproxDistinct`` hashed with numpy).
 (f) the ceiling of (c): in ``foreachBatch``, exactly (c)'s Spark plan (map-side
     SQL combine, operator index, ``repartitionById``) into a ``mapInPandas``
     that reads every chunk and does nothing else; ``noop`` sink. What (c)
@@ -60,7 +63,7 @@ and recorded in the JSON.
 
 Targets: (c) >= 40x faster than (a) and >= 3x faster than (e) at 100k tweets;
 (c) <= 1.3x the floor (d) at every cardinality; (b) never slower than (a) (>= 1x).
-(g) is checked against (c)'s targets too: the same job with another state layout.
+(g) and (h) are checked against (c)'s targets too: the same job with another state layout or plan.
 
 Spark: ``local[2]`` (``--master``), UI off, loopback driver, shuffle partitions
 = ``--parallelism`` (4). The machine's load average is recorded before and
@@ -102,11 +105,11 @@ USERS = 25_000
 BATCHES = 4
 CARDINALITIES = (100_000, 10_000, 1_000, 20)
 QUICK = {"views": 40_000, "users": 5_000, "batches": 4, "cardinalities": (2_000, 20)}
-VARIANTS = ("a", "b", "c", "d", "e", "f", "g")
+VARIANTS = ("a", "b", "c", "d", "e", "f", "g", "h")
 #: run order inside a round: the floors first, the slow baseline last
-ORDER = ("d", "f", "c", "g", "e", "b", "a")
+ORDER = ("d", "f", "c", "g", "h", "e", "b", "a")
 #: the run_stream variants (their workers keep operator instances between runs)
-STATEFUL = ("b", "c", "g")
+STATEFUL = ("b", "c", "g", "h")
 LABELS = {
     "a": "(a) applyInPandasWithState, per-row HLL",
     "b": "(b) run_stream, same fn + mini_batch + cached_state",
@@ -115,6 +118,7 @@ LABELS = {
     "e": "(e) Spark SQL streaming agg (count, approx_count_distinct), RocksDB",
     "f": "(f) ceiling of (c): its SQL combine + shuffle, reading only",
     "g": "(g) (c) with cached_state(layout='key_group')",
+    "h": "(h) (g) without the SQL combine: raw rows in",
 }
 
 INPUT_SCHEMA = "tweet long, user long, ts long"
@@ -300,7 +304,7 @@ def run_variant(case: Case, variant: str) -> dict[str, Any]:
         if variant == "b":
             fn = decorated_tweet_stats(args.max_entries)
         else:
-            fn = aggregate_tweet_stats(args.max_entries, "key_group" if variant == "g" else "key")
+            fn = aggregate_tweet_stats(args.max_entries, "key_group" if variant in ("g", "h") else "key")
         started = now()
         query = run_stream(
             case.stream(),
@@ -312,7 +316,7 @@ def run_variant(case: Case, variant: str) -> dict[str, Any]:
             parallelism=args.parallelism,
             trigger={"availableNow": True},
             workdir=os.path.join(os.path.dirname(checkpoint), "work"),
-            combine_before_shuffle=False if (variant in ("c", "g") and args.c_combine_before_shuffle == "off") else None,
+            combine_before_shuffle=False if (variant == "h" or (variant in ("c", "g") and args.c_combine_before_shuffle == "off")) else None,
         )
         query.awaitTermination()
         result["seconds"] = now() - started
@@ -561,7 +565,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--batches", type=int, default=None, help=f"parquet files = micro-batches (default {BATCHES}, >= 4)")
     p.add_argument("--cardinalities", default=None,
                    help=f"tweet cardinalities, comma-separated (default {','.join(map(str, CARDINALITIES))})")
-    p.add_argument("--variants", default=",".join(VARIANTS), help="which of a,b,c,d,e,f,g to run (default all)")
+    p.add_argument("--variants", default=",".join(VARIANTS), help="which of a,b,c,d,e,f,g,h to run (default all)")
     p.add_argument("--repeat", type=int, default=1, help="runs per variant and cardinality; the fastest is reported")
     p.add_argument("--parallelism", type=int, default=4, help="shuffle partitions = operator instances (default 4)")
     p.add_argument("--max-entries", type=int, default=50_000,
@@ -616,6 +620,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         "c": f"cached_state(max_entries={args.max_entries}, store='rocksdb')(aggregate({{'views': Count(), "
              f"'viewers': ApproxDistinct('user')}})), combine before shuffle",
         "g": f"(c) with cached_state(max_entries={args.max_entries}, store='rocksdb', layout='key_group')",
+        "h": "(g) with run_stream(combine_before_shuffle=False): the rows shuffled as they are, each instance folds "
+             "its batch's rows as columns (ApproxDistinct hashed with numpy)",
         "d": "foreachBatch: repartition(P, 'tweet') + identity mapInPandas + write.format('noop')",
         "e": f"groupBy('tweet').agg(count(lit(1)), approx_count_distinct('user', {SPARK_RSD})) (HLL++ with 2**12 "
              "registers), update mode, RocksDB state store, ParquetSink",
@@ -698,7 +704,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
                         closed = close_worker_instances(spark)
                         log(f"[{card}] closed {sum(closed)} operator instances kept by {len(closed)} worker tasks")
             best = {v: min(rs, key=lambda r: r["seconds"]) for v, rs in runs.items() if rs}
-            outs = {v: best[v]["out"] for v in ("a", "b", "c", "e", "g") if v in best}
+            outs = {v: best[v]["out"] for v in ("a", "b", "c", "e", "g", "h") if v in best}
             check = verify(views, outs) if outs else {"ok": True, "problems": [], "note": "nothing to check"}
             for v, e in errors.items():
                 check["problems"].append(f"({v}) failed: {e}")
@@ -717,7 +723,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
                 vs_a = t["a"] / t[v] if "a" in t else None
                 vs_floor = t[v] / t["d"] if "d" in t else None
                 target = "-"
-                if v in ("c", "g"):
+                if v in ("c", "g", "h"):
                     parts = []
                     if card == max(cards) and vs_a is not None:
                         parts.append(f"vs(a)>={TARGET_C_VS_A:g}x {'PASS' if vs_a >= TARGET_C_VS_A else 'FAIL'}")
@@ -798,7 +804,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
             if not c:
                 continue
             t = c["seconds_best"]
-            for v in ("c", "g"):  # (g) is (c) with another state layout: the same targets
+            for v in ("c", "g", "h"):  # (g) and (h) are (c) with another layout / plan: the same targets
                 if "a" in t and v in t and card == max(cards):
                     targets.append(check_target(f"({v}) vs (a) at {card} tweets", t["a"] / t[v], TARGET_C_VS_A, unit="x"))
                 if v in t and "d" in t:

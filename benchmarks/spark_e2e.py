@@ -72,7 +72,7 @@ after every run (others use the machine).
     python -m benchmarks.spark_e2e [--quick] [--views N] [--users N] [--batches N]
         [--cardinalities 100000,10000,1000,20] [--variants a,b,c,d] [--repeat N]
         [--parallelism P] [--max-entries N] [--zipf S] [--spark-state-store hdfs|rocksdb]
-        [--arrow-max-records N] [--c-combine-before-shuffle auto|off]
+        [--arrow-max-records N] [--c-combine-before-shuffle auto|off] [--placement batch|executor]
 """
 
 from __future__ import annotations
@@ -317,6 +317,7 @@ def run_variant(case: Case, variant: str) -> dict[str, Any]:
             trigger={"availableNow": True},
             workdir=os.path.join(os.path.dirname(checkpoint), "work"),
             combine_before_shuffle=False if (variant == "h" or (variant in ("c", "g") and args.c_combine_before_shuffle == "off")) else None,
+            placement=args.placement,
         )
         query.awaitTermination()
         result["seconds"] = now() - started
@@ -578,6 +579,9 @@ def make_parser() -> argparse.ArgumentParser:
                    help="state store provider of (a) (default: Spark's default, HDFS-backed)")
     p.add_argument("--arrow-max-records", type=int, default=None,
                    help="spark.sql.execution.arrow.maxRecordsPerBatch (rows per pandas chunk; Spark's default 10,000)")
+    p.add_argument("--placement", choices=("batch", "executor"), default="batch",
+                   help="run_stream(placement=...) of (b), (c), (g), (h): batch (local master's default: SQL combine) or "
+                        "executor (a cluster's default: each instance hosted in Spark's stateful operator, Python combine)")
     p.add_argument("--c-combine-before-shuffle", choices=("auto", "off"), default="auto",
                    help="run_stream(combine_before_shuffle=...) of (c): auto = the runner's default (on for aggregate)")
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run of each variant")
@@ -636,6 +640,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         "max_entries": args.max_entries,
         "arrow_max_records_per_batch": args.arrow_max_records or "Spark default (10000)",
         "c_combine_before_shuffle": args.c_combine_before_shuffle,
+        "placement": args.placement,
         "quick": args.quick,
         "warmup": not args.no_warmup,
         "uptime_start": _uptime(),

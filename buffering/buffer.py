@@ -321,6 +321,50 @@ class MiniBatchBuffer:
                 self._chunks.append(_Chunk(frame, np.full(len(frame), self._keys[nkey], dtype=np.int64)))
 
 
+class KeyedBlock:
+    """Blocks of ``aggregate()`` partials arriving in parts, merged into one block with a row per key.
+
+    A part is a block (:class:`ColumnarLayout`) whose rows belong to distinct
+    normalized keys; a key in several parts gets their rows merged. Keys keep
+    their first-arrival order. O(keys + partials) numpy work per part, no
+    Python object per key besides its dict entry.
+    """
+
+    def __init__(self, layout: ColumnarLayout) -> None:
+        self.layout = layout
+        self._ids: dict[NormalizedKey, int] = {}  # key -> its row of the block
+        self._rows: list[int] = []  # input rows per key
+        self.rows = 0  # input rows in all
+        self._block: Optional[list[Any]] = None
+
+    def __len__(self) -> int:
+        """Keys held."""
+        return len(self._ids)
+
+    def add(self, nkeys: Sequence[NormalizedKey], block: list[Any], rows: Sequence[int]) -> None:
+        """Merge ``block``: its row i holds the partials of ``nkeys[i]`` (distinct keys) over ``rows[i]`` input rows."""
+        ids = self._ids
+        before = len(ids)
+        where = np.fromiter((ids.setdefault(nkey, len(ids)) for nkey in nkeys), dtype=np.int64, count=len(nkeys))
+        counts = self._rows
+        counts.extend([0] * (len(ids) - before))
+        for row, count in zip(where.tolist(), rows):
+            counts[row] += count
+        self.rows += int(sum(rows))
+        n = len(ids)
+        layout = self.layout
+        block = block if before == 0 and n == len(where) else layout.spread(block, where, n)
+        if self._block is not None:
+            block = layout.merge(layout.spread(self._block, np.arange(before, dtype=np.int64), n), block)
+        self._block = block
+
+    def drain(self) -> tuple[list[NormalizedKey], list[Any], list[int]]:
+        """The keys, their block (row i: key i) and input rows per key; empties this."""
+        keys, block, rows = list(self._ids), self._block, self._rows
+        self._ids, self._block, self._rows, self.rows = {}, None, [], 0
+        return keys, (block if block is not None else self.layout.empty(0)), rows
+
+
 class RowPartials:
     """A batch's raw rows for an ``aggregate()`` kept as columns: one block of partials for all its keys.
 
@@ -331,7 +375,7 @@ class RowPartials:
     came (their key and input columns) and are folded into one block at the
     end (:meth:`ColumnarLayout.from_rows`: one factorization, numpy partials,
     HyperLogLog coupons hashed with numpy). Past ``fold_rows`` waiting rows
-    they are folded early and merged with the block so far, so memory stays
+    they are folded early into a :class:`KeyedBlock`, so memory stays
     O(keys + fold_rows). Keys keep their first-arrival order.
     """
 
@@ -351,15 +395,12 @@ class RowPartials:
         self._columns = list(dict.fromkeys([*self.key_columns, *aggregations.input_columns]))
         self._frames: list[pd.DataFrame] = []
         self._waiting = 0  # rows in _frames
-        self._ids: dict[NormalizedKey, int] = {}  # key -> row of the block, in first-arrival order
-        self._rows: list[int] = []  # input rows per key folded so far
-        self._folded = 0  # sum(_rows)
-        self._block: Optional[list[Any]] = None  # the folded rows' partials, one row per key folded so far
+        self._folded = KeyedBlock(layout)
         self.first_ms: Optional[int] = None
 
     def __len__(self) -> int:
         """Rows waiting (folded or not)."""
-        return self._waiting + self._folded
+        return self._waiting + self._folded.rows
 
     def add(self, frame: pd.DataFrame, arrival_ms: int) -> None:
         """Take a chunk of the batch (checked for the key and input columns now, folded later)."""
@@ -379,30 +420,19 @@ class RowPartials:
             return
         frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
         codes, uniques = factorize_keys(frame, self.key_columns, self.key_types)
-        ids = self._ids
-        rows = self._rows
-        before = len(ids)
-        where = np.fromiter((ids.setdefault(nkey, len(ids)) for nkey in uniques), dtype=np.int64, count=len(uniques))
-        rows.extend([0] * (len(ids) - before))
-        if len(where) and np.bincount(where).max() > 1:  # values that normalize to one key (1 and 1.0 of objects)
-            where, local = np.unique(where, return_inverse=True)
-            codes = local[codes]
-        counts = np.bincount(codes, minlength=len(where)).tolist()
-        for row, count in zip(where.tolist(), counts):
-            rows[row] += count
-        self._folded += len(frame)
-        n = len(ids)
-        block = self.layout.spread(self.layout.from_rows(self.aggregations, frame, Grouping(codes, len(where), None)), where, n)
-        if self._block is not None:
-            block = self.layout.merge(self.layout.spread(self._block, np.arange(before, dtype=np.int64), n), block)
-        self._block = block
+        keys = list(dict.fromkeys(uniques))
+        if len(keys) < len(uniques):  # values that normalize to one key (1 and 1.0 of objects)
+            position = {nkey: i for i, nkey in enumerate(keys)}
+            codes = np.array([position[nkey] for nkey in uniques], dtype=np.int64)[codes]
+        grouping = Grouping(codes, len(keys), None)
+        rows = np.bincount(codes, minlength=len(keys)).tolist()
+        self._folded.add(keys, self.layout.from_rows(self.aggregations, frame, grouping), rows)
 
     def drain(self) -> tuple[list[NormalizedKey], list[Any], list[int]]:
         """The keys (first-arrival order), their block of partials and input rows per key; empties this."""
         self._fold()
-        keys, block, rows = list(self._ids), self._block, self._rows
-        self._ids, self._block, self._rows, self._folded, self.first_ms = {}, None, [], 0, None
-        return keys, (block if block is not None else self.layout.empty(0)), rows
+        self.first_ms = None
+        return self._folded.drain()
 
     def drain_accumulators(self) -> tuple[list[NormalizedKey], list[Any], list[int]]:
         """:meth:`drain` with each key's partials as an accumulator (a mapping ``{output: partial}``)."""

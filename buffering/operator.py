@@ -759,6 +759,20 @@ class OperatorInstance:
         assert self.columnar is not None
         return [self._merge_columns(nkeys, self.columnar.from_columns(partials), processing_time_ms, key_frame)]
 
+    def process_block(
+        self, nkeys: list[NormalizedKey], block: list[Any], rows: Sequence[int], processing_time_ms: int
+    ) -> Optional[list[pd.DataFrame]]:
+        """Merge partials combined before the shuffle as one block (:class:`ColumnarLayout`, row i: the
+        distinct key ``nkeys[i]`` over ``rows[i]`` input rows); None when this operator buffers them instead
+        (a trigger, or a windowed aggregate: use :meth:`process_accumulators`)."""
+        if not self.merges_columns or self.columnar is None:
+            return None
+        self.metrics.rows_in += int(sum(rows))
+        if not nkeys:
+            return []
+        self.metrics.flushes += 1
+        return [self._merge_columns(nkeys, block, processing_time_ms)]
+
     def _processor_at(self, processing_time_ms: int, watermark_ms: int) -> ProcessorRuntime:
         """The processor, set to the batch's times (the watermark only with an event-time column)."""
         runtime = self.processor

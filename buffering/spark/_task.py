@@ -27,7 +27,10 @@ from state.keygroups import operator_indexes
 from state.keys import normalize_key
 from state.state_schema import StateSchema
 
-from ..buffer import factorize_keys
+from ..aggregations import Grouping
+from ..aggregations.columnar import ColumnarLayout
+from ..aggregations.engine import _check_columns
+from ..buffer import KeyedBlock, factorize_keys
 from ..decorators import OperatorSpec
 from ..frames import concat_frames
 from ..local import key_groups_of
@@ -190,10 +193,12 @@ def drop_late_rows(plan: TaskPlan, frame: pd.DataFrame, watermark_ms: int) -> tu
 def combine_partition(plan: TaskPlan, context: BatchContext, batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
     """Map side of the shuffle, in Python: one accumulator per key of this input partition.
 
-    Used when an aggregation has no exact Spark SQL twin (see _sql_combine).
-    Output: the key columns, ACCUMULATOR_COLUMN (pickled ``{output: partial}``),
-    ROWS_COLUMN and EVENT_TIME_COLUMN. The partition's rows are combined in one
-    vectorized pass; Python work is per unique key.
+    Used when an aggregation has no exact Spark SQL twin (see _sql_combine), and
+    under placement="executor". Output: the key columns, ACCUMULATOR_COLUMN
+    (pickled ``{output: partial}``: a :class:`PackedAccumulator` when the
+    aggregations have a column form), ROWS_COLUMN and EVENT_TIME_COLUMN. The
+    partition's rows are combined in one vectorized pass
+    (:meth:`ColumnarLayout.from_rows`; else Python work per unique key).
     """
     aggs = plan.spec.mini_batch.aggregations if plan.spec.mini_batch is not None else None
     assert aggs is not None
@@ -213,11 +218,18 @@ def combine_partition(plan: TaskPlan, context: BatchContext, batches: Iterator[p
         event = pd.Series(event_time_ms(frame[plan.event_time])).groupby(codes).max().reindex(range(n_keys)).to_numpy(np.int64)
     else:
         event = np.full(n_keys, NO_TIMESTAMP, dtype=np.int64)
-    # partials are indexed by code, in first-appearance order == code order
-    partials = aggs.partials(frame.assign(**{OPERATOR_COLUMN: codes}), [OPERATOR_COLUMN])
     _, first_rows = np.unique(codes, return_index=True)
     data: dict[str, Any] = {name: frame[name].take(first_rows).reset_index(drop=True) for name in plan.key_columns}
-    data[ACCUMULATOR_COLUMN] = [pickle.dumps(accumulator, 5) for _, accumulator in aggs.rows(partials)]
+    layout = ColumnarLayout.of(aggs)
+    if layout is not None:
+        # Numpy partials (no sketch object per key) encoded as packed accumulators: each value is the pickle
+        # of a PackedAccumulator, and an instance that merges columns decodes a part's values as one block.
+        _check_columns(frame, aggs.input_columns, "aggregate")
+        data[ACCUMULATOR_COLUMN] = layout.encode(layout.from_rows(aggs, frame, Grouping(codes, n_keys, None)))
+    else:
+        # partials are indexed by code, in first-appearance order == code order
+        partials = aggs.partials(frame.assign(**{OPERATOR_COLUMN: codes}), [OPERATOR_COLUMN])
+        data[ACCUMULATOR_COLUMN] = [pickle.dumps(accumulator, 5) for _, accumulator in aggs.rows(partials)]
     data[ROWS_COLUMN] = rows.astype(np.int64)
     data[EVENT_TIME_COLUMN] = event
     yield pd.DataFrame(data)
@@ -370,6 +382,8 @@ def _run_task(
     # Spark SQL partials an instance merges as columns, per instance: merged in one call once the input
     # ends (each call's fixed costs, e.g. a write-back of every key group it touches, paid once a batch).
     deferred: dict[int, list[pd.DataFrame]] = {}
+    # The Python combine's packed partials, likewise: one block per instance, merged once.
+    deferred_blocks: dict[int, list[pd.DataFrame]] = {}
     for frame in batches:
         if not len(frame):
             continue
@@ -383,6 +397,9 @@ def _run_task(
                     max_event = max(max_event, int(part[EVENT_TIME_COLUMN].max()))
                 if plan.combine == "sql" and instance.merges_columns:
                     deferred.setdefault(int(index), []).append(part)
+                    continue
+                if plan.combine == "python" and instance.merges_columns and plan.spec.window is None:
+                    deferred_blocks.setdefault(int(index), []).append(part)
                     continue
                 nkeys = _normalized_keys(part, combined_keys)
                 rows = part[ROWS_COLUMN].tolist()
@@ -406,6 +423,13 @@ def _run_task(
             )
             assert out is not None  # merges_columns held when the part was deferred, and nothing buffered since
             yield from emitted(out)
+    for index, parts in deferred_blocks.items():
+        instance = instances[index]
+        assert instance.columnar is not None
+        keys, block, rows = _keyed_block(instance.columnar, parts, plan.key_columns).drain()
+        out = instance.process_block(keys, block, rows, now)
+        assert out is not None  # merges_columns held when the parts were deferred, and nothing buffered since
+        yield from emitted(out)
     previous = _workers.manifest(plan, storage, context.previous_version) if context.previous_version is not None else None
     reports: list[InstanceReport] = []
     for index in sorted(instances):
@@ -565,6 +589,20 @@ def host_instance(
             yield frame.drop(columns=[HOST_COLUMN, HEARTBEAT_COLUMN])
 
     yield from run_task(plan, context, rows(), partition_id=index)
+
+
+def _keyed_block(layout: ColumnarLayout, parts: list[pd.DataFrame], key_columns: list[str]) -> KeyedBlock:
+    """The Python combine's parts (packed accumulators, a row per key and input partition) as one block."""
+    keyed = KeyedBlock(layout)
+    pending = [(part, _normalized_keys(part, key_columns)) for part in parts]
+    while pending:
+        part, nkeys = pending.pop(0)
+        if len(set(nkeys)) < len(nkeys):  # values that normalize to one key (1 and 1.0): the repeats go in next
+            again = pd.Series(nkeys, dtype=object).duplicated().to_numpy()
+            pending.insert(0, (part.loc[again], [k for k, a in zip(nkeys, again) if a]))
+            part, nkeys = part.loc[~again], [k for k, a in zip(nkeys, again) if not a]
+        keyed.add(nkeys, layout.decode(part[ACCUMULATOR_COLUMN].tolist()), part[ROWS_COLUMN].tolist())
+    return keyed
 
 
 def _merged_parts(parts: list[pd.DataFrame], key_columns: list[str]) -> list[pd.DataFrame]:

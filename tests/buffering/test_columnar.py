@@ -379,7 +379,7 @@ def test_rows_folded_early_give_the_block_of_one_fold(fold_rows):
     assert len(partials) == 0 and partials.drain()[0] == []
 
 
-def test_keys_that_normalize_to_one_key_are_one_row():
+def test_an_object_key_column_of_mixed_types_gives_one_row_per_key():
     aggs, lay = tweet_layout()
     partials = RowPartials(["tweet"], None, lay, aggs)
     partials.add(pd.DataFrame({"tweet": pd.Series([1, 1.0, True, 2], dtype=object), "user": [1, 2, 3, 4]}), arrival_ms=0)

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import pickle
 from typing import Iterator, Optional
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from buffering import ApproxDistinct, Count, LocalRunner, aggregate, cached_state
+from buffering.aggregations import Aggregations, Grouping
+from buffering.aggregations.columnar import ColumnarLayout
+from buffering.aggregations.sketches import HllPartial
 from buffering.local import key_groups_of
 from buffering.spark import _task, _workers
 from checkpoint import commit
@@ -151,3 +156,74 @@ def test_a_key_in_two_chunks_is_merged_once_per_chunk(tmp_path, layout):
     frames, merges = [_partials(runner.plan, [1, 2], 1), _partials(runner.plan, [2, 3], 10)], []
     assert _batch(runner, 0, frames, merges) == {1: (2, 2), 2: (4, 22), 3: (2, 20)} and merges == [2.0]
     assert _batch(runner, 1, [_partials(runner.plan, [1, 2, 3], 0)]) == {1: (4, 2), 2: (6, 22), 3: (4, 20)}
+
+
+# ---------------------------------------------------------------- the Python combine's packed partials
+PYTHON_AGGS = {"n": Count(), "u": ApproxDistinct("v", lg_k=7)}
+
+
+def _python_combine_runner(tmp_path, layout: str = "key"):
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from buffering.spark.stream import StreamRunner
+
+    schema = StructType([StructField("k", LongType()), StructField("v", LongType())])
+    output = StructType([StructField(name, LongType()) for name in ("k", "n", "u")])
+    return StreamRunner(
+        cached_state(store="rocksdb", layout=layout)(aggregate(PYTHON_AGGS)),
+        input_schema=schema, key="k", output_schema=output, checkpoint_location=str(tmp_path / "ckpt"),
+        sink="noop", parallelism=1, workdir=str(tmp_path / "work"), placement="executor",
+    )
+
+
+def _raw(seed: int, n: int = 500) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame({"k": rng.integers(0, 40, n).astype(np.int64), "v": rng.integers(0, 200, n).astype(np.int64)})
+
+
+@pytest.mark.parametrize("layout", ["key", "key_group"])
+def test_the_python_combines_partials_of_several_partitions_merge_as_their_rows_would(tmp_path, layout):
+    runner = _python_combine_runner(tmp_path, layout)
+    assert runner.plan.combine == "python"
+    rows_at_once = LocalRunner(aggregate(PYTHON_AGGS), key="k")
+    for version in range(2):
+        context, _ = runner.context(version)
+        partitions = [_raw(10 * version + p) for p in range(3)]  # the input partitions of one batch
+        combined = [f.assign(**{_task.OPERATOR_COLUMN: 0})
+                    for p in partitions for f in _task.combine_partition(runner.plan, context, iter([p]))]
+        rows = pd.concat(list(_task.run_task(runner.plan, context, iter(combined), partition_id=0)))
+        summary = _task.TaskSummary.from_json(rows[_task.REPORT_COLUMN].dropna().iloc[0])
+        commit(runner.storage, version, [i.report for i in summary.instances])
+        got = rows[rows[_task.REPORT_COLUMN].isna()][["k", "n", "u"]].reset_index(drop=True).astype(np.int64)
+        expected = rows_at_once.process(pd.concat(partitions, ignore_index=True))[["k", "n", "u"]]
+        pd.testing.assert_frame_equal(got, expected.reset_index(drop=True).astype(np.int64))
+
+
+def test_the_python_combines_accumulators_unpickle_to_the_partials_of_the_rows(tmp_path):
+    runner = _python_combine_runner(tmp_path)
+    context, _ = runner.context(0)
+    rows = _raw(3)
+    (combined,) = _task.combine_partition(runner.plan, context, iter([rows]))
+    aggs = Aggregations(PYTHON_AGGS)
+    layout = ColumnarLayout.of(aggs)
+    keys, expected = zip(*aggs.rows(aggs.partials(rows, ["k"])))  # a sketch per key, updated value by value
+    got = [pickle.loads(v) for v in combined[_task.ACCUMULATOR_COLUMN]]
+    assert combined["k"].tolist() == list(keys)
+    assert all(isinstance(acc["u"], HllPartial) for acc in got)
+    # the same counts, coupons and registers (estimates of register arrays differ as any union's do)
+    def canonical(accumulators):  # a merge into nothing sorts each key's coupons
+        return layout.encode(layout.merge(layout.empty(len(accumulators)), layout.from_accumulators(accumulators)))
+
+    assert canonical(got) == canonical(list(expected))
+
+
+def test_a_key_twice_in_one_combined_part_is_merged_into_one_row():
+    layout = ColumnarLayout.of(PYTHON_AGGS)
+    aggs = Aggregations(PYTHON_AGGS)
+    part = pd.DataFrame({"k": np.array([1, 1, 2], dtype=np.int64), "v": [5, 6, 7]})
+    grouping = Grouping(np.arange(3), 3, None)
+    packed = pd.DataFrame({"k": part["k"], _task.ACCUMULATOR_COLUMN: layout.encode(layout.from_rows(aggs, part, grouping)),
+                           _task.ROWS_COLUMN: [1, 1, 1]})
+    keys, block, rows = _task._keyed_block(layout, [packed], ["k"]).drain()
+    assert keys == [1, 2] and rows == [2, 1]
+    assert layout.results(block)["n"].tolist() == [2, 1] and layout.results(block)["u"].tolist() == [2, 1]

@@ -301,12 +301,17 @@ class OperatorInstance:
             )
         else:
             self.buffer = MiniBatchBuffer(self.key_columns, spec.mini_batch, key_types)
-        # An aggregate without a trigger folds a batch's raw rows into one block of partials at its end.
-        self._row_partials: Optional[RowPartials] = (
-            RowPartials(self.key_columns, key_types, self.columnar, spec.aggregations)
-            if self.columnar is not None and self._merge_directly and spec.aggregations is not None
-            else None
-        )
+        # An aggregate without a trigger folds a batch's raw rows into one block of partials at its end
+        # (a tumbling or hopping window's rows per (key..., window start)).
+        self.row_partials: Optional[RowPartials] = None
+        if self._merge_directly and spec.aggregations is not None:
+            if self.columnar is not None:
+                self.row_partials = RowPartials(self.key_columns, key_types, self.columnar, spec.aggregations)
+            elif self.windows is not None and self.windows.layout is not None:
+                self.row_partials = RowPartials(
+                    self.windows.buffer_key_columns, None if key_types is None else (*key_types, "long"),
+                    self.windows.layout, spec.aggregations,
+                )
         # Columns of the frames handed to the function (the empty frame of a timeout has them).
         self._value_columns: Sequence[str] = list(self.key_columns)
         # The key as Spark hands it to the function, the conversion chosen once for the key types.
@@ -513,7 +518,7 @@ class OperatorInstance:
         return report
 
     def _save_pending(self) -> None:
-        rows = self._row_partials
+        rows = self.row_partials
         if rows is not None and len(rows):
             # Persisted before the batch's end: they wait in the buffer as accumulators, as a trigger's would.
             arrival_ms = rows.first_ms
@@ -543,8 +548,8 @@ class OperatorInstance:
         if self.windows is not None and len(frame):
             frame, late = self.windows.assign(frame, _late_rows(watermark_ms, late_watermark_ms))  # open windows' pairs
             self.metrics.late_rows += late
-        if self._row_partials is not None and not len(self.buffer):
-            self._row_partials.add(frame, processing_time_ms)
+        if self.row_partials is not None and not len(self.buffer):
+            self.row_partials.add(frame, processing_time_ms)
             return outputs
         n = len(frame)
         start = 0
@@ -591,7 +596,7 @@ class OperatorInstance:
     def end_of_batch(self, processing_time_ms: int, watermark_ms: int) -> list[pd.DataFrame]:
         """Time-triggered flush (or the flush of an unbuffered operator), then due timeouts, then the TTL sweep."""
         outputs: list[pd.DataFrame] = []
-        if self.buffer.should_flush(processing_time_ms) or (self._row_partials is not None and len(self._row_partials)):
+        if self.buffer.should_flush(processing_time_ms) or (self.row_partials is not None and len(self.row_partials)):
             outputs.extend(self.flush(processing_time_ms, watermark_ms))
         if self.windows is not None:
             if len(self.buffer):  # a closing window's pending partials join it first
@@ -672,8 +677,8 @@ class OperatorInstance:
         aggs = self.spec.aggregations
         assert aggs is not None
         outputs: list[pd.DataFrame] = []
-        if self._row_partials is not None and len(self._row_partials):
-            row_keys, block, _ = self._row_partials.drain()
+        if self.row_partials is not None and len(self.row_partials):
+            row_keys, block, _ = self.row_partials.drain()
             outputs.append(self._merge_columns(row_keys, block, processing_time_ms))
         keys, partials = self.buffer.drain_accumulators()
         if not keys:

@@ -345,9 +345,18 @@ class WindowRuntime:
     # ------------------------------------------------------------ merging
     def flush(self, instance: "OperatorInstance") -> list[pd.DataFrame]:
         """Merge the buffered partials into the windows' state; with ``emit="update"`` return the changed windows."""
+        outputs: list[pd.DataFrame] = []
+        rows = instance.row_partials  # a batch's raw rows as one block, when nothing waits in the buffer
+        if rows is not None and len(rows):
+            row_keys, block, _ = rows.drain()
+            instance.metrics.calls += len(row_keys)
+            outputs = self._merge_fixed(instance, row_keys, block)
         keys, partials = instance.buffer.drain_accumulators()
         if not keys:
-            return []
+            return outputs
+        return [*outputs, *self._flush_partials(instance, keys, partials)]
+
+    def _flush_partials(self, instance: "OperatorInstance", keys: list[NormalizedKey], partials: list[Any]) -> list[pd.DataFrame]:
         instance.metrics.calls += len(keys)
         if self.spec.merges:
             return self._flush_sessions(instance, keys, partials)

@@ -270,3 +270,20 @@ def test_a_failed_conversion_at_a_restart_fails_it_and_the_next_start_converts(t
     outputs += run("key", location, frames[4:], (3,))
     pd.testing.assert_frame_equal(with_batch(outputs), with_batch(expected))
     assert checkpoint_table(location) == checkpoint_table(tmp_path / "key")
+
+
+@pytest.mark.parametrize("layout", ["key", "key_group"])
+@pytest.mark.parametrize("window", [Tumbling("1 minute"), Hopping("1 minute", "20 seconds")], ids=["tumbling", "hopping"])
+def test_windows_of_a_batchs_raw_rows_folded_as_columns_equal_those_merged_a_few_rows_at_a_time(tmp_path, layout, window):
+    """Without a trigger a batch's rows are folded per (key, window start) as columns at its end; behind a
+    count trigger they are merged a few rows at a time as partial objects: the same windows closed, the same
+    state."""
+    frames = batches(7, 8, timed=True)
+    outputs = {}
+    for name, wrap in (("columns", lambda op: op), ("partials", mini_batch(max_rows=9))):
+        runner = runner_of(wrap(operator(layout, 1_000, window)), tmp_path / name)
+        outputs[name] = [runner.process(f) for f in frames]
+        runner.close()
+    assert sum(map(len, outputs["columns"])) > 0
+    pd.testing.assert_frame_equal(with_batch(outputs["columns"]), with_batch(outputs["partials"]))
+    assert checkpoint_table(tmp_path / "columns") == checkpoint_table(tmp_path / "partials")

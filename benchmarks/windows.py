@@ -21,8 +21,11 @@ The variants (fresh checkpoint and output directories each):
     per (key, window start) before the shuffle), the same ``ParquetSink``.
 (g) (o) with ``cached_state(..., layout="key_group")``: the windows' state kept
     as one block per key group (``state.blocks``), merged as byte ranges.
+(r) (g) with ``run_stream(combine_before_shuffle=False)``: the rows shuffled
+    as they are (as in (f)); each instance folds its batch's rows per (key,
+    window start) as columns.
 (f) the floor: ``repartition(P, "k")``, an identity ``mapInPandas`` and the
-    ``noop`` sink.
+    ``noop`` sink; (r)'s own floor.
 (c) (o)'s own floor: what (o) does without state: Spark SQL's combine per
     (key, window start), ``repartition(P, "k")``, an identity ``mapInPandas``
     of the combined rows and the ``noop`` sink.
@@ -37,7 +40,7 @@ past every window. Correctness: each variant emitted every window once, with
 the count and sum of a pandas groupby of the input.
 
     python -m benchmarks.windows [--quick] [--rows N] [--keys N] [--windows N] [--repeat N]
-        [--parallelism P] [--max-entries N] [--variants s,o,g,f,c]
+        [--parallelism P] [--max-entries N] [--variants s,o,g,r,f,c]
 """
 
 from __future__ import annotations
@@ -69,12 +72,13 @@ WINDOW_MS = 60_000
 DELAY_MS = 10_000
 SCHEMA = "k long, ts timestamp, v long"
 CLOSING_KEY = -1  # the key of the far-future rows that close every window
-VARIANTS = ("s", "o", "g", "f", "c")
-ORDER = ("f", "c", "o", "g", "s")
+VARIANTS = ("s", "o", "g", "r", "f", "c")
+ORDER = ("f", "c", "o", "g", "r", "s")
 LABELS = {
     "s": "(s) Spark SQL groupBy(window, k).agg, RocksDB state, append",
     "o": "(o) run_stream aggregate(window=Tumbling)",
     "g": "(g) (o) with cached_state(layout='key_group')",
+    "r": "(r) (g) without the SQL combine: raw rows in",
     "f": "(f) floor: repartition + identity mapInPandas + noop",
     "c": "(c) (o)'s floor: SQL combine per (k, window) + repartition + identity mapInPandas + noop",
 }
@@ -137,14 +141,14 @@ def run_variant(spark: Any, source: str, base: str, variant: str, args: argparse
             agg.writeStream.outputMode("append").foreachBatch(ParquetSink(out))
             .option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
         )
-    elif variant in ("o", "g"):
+    elif variant in ("o", "g", "r"):
         op = buffering.cached_state(
             max_entries=args.max_entries, store="rocksdb", layout="key" if variant == "o" else "key_group"
         )(buffering.aggregate({"n": Count(), "s": Sum("v")}, window=Tumbling("1 minute")))
         query = run_stream(
             stream, op, key="k", event_time="ts", watermark_delay_ms=DELAY_MS, checkpoint_location=checkpoint,
             sink=ParquetSink(out), parallelism=args.parallelism, trigger={"availableNow": True},
-            workdir=os.path.join(base, "work"),
+            workdir=os.path.join(base, "work"), combine_before_shuffle=False if variant == "r" else None,
         )
     elif variant == "f":
         parallelism, schema = args.parallelism, stream.schema
@@ -177,7 +181,7 @@ def run_variant(spark: Any, source: str, base: str, variant: str, args: argparse
     result["batch_seconds"] = [
         json.loads(p.json).get("durationMs", {}).get("triggerExecution", 0) / 1000 for p in query.recentProgress
     ]
-    if variant in ("o", "g"):
+    if variant in ("o", "g", "r"):
         metrics = query.batch_metrics
         result["runner_batch_seconds"] = [m.seconds for m in metrics]
         result["rows_out"] = sum(m.rows_out for m in metrics)
@@ -253,7 +257,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=1, help="rounds; the fastest run per variant is reported")
     p.add_argument("--parallelism", type=int, default=4, help="shuffle partitions = operator instances (default 4)")
     p.add_argument("--max-entries", type=int, default=100_000, help="cached_state(max_entries=) of (o), per instance")
-    p.add_argument("--variants", default=",".join(VARIANTS), help="which of s,o,g,f,c to run (default all)")
+    p.add_argument("--variants", default=",".join(VARIANTS), help="which of s,o,g,r,f,c to run (default all)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--master", default="local[2]")
     p.add_argument("--driver-memory", default="4g")
@@ -317,10 +321,10 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
                 r = run_variant(spark, source, os.path.join(root, f"{v}-{runs_done}"), v, args)
                 runs[v].append(r)
                 log(f"({v}) {r['seconds']:.2f} s, load {r['load_before']:.2f} -> {r['load_after']:.2f}")
-                if v in ("o", "g"):
+                if v in ("o", "g", "r"):
                     close_worker_instances(spark)
         best = {v: min(rs, key=lambda r: r["seconds"]) for v, rs in runs.items()}
-        check = verify(data, {v: best[v]["out"] for v in ("s", "o", "g") if v in best})
+        check = verify(data, {v: best[v]["out"] for v in ("s", "o", "g", "r") if v in best})
         t = {v: r["seconds"] for v, r in best.items()}
         table = []
         for v in order:
@@ -336,8 +340,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         print(f"verify: {'OK' if check['ok'] else 'MISMATCH ' + '; '.join(check['problems'])}; "
               f"{check['expected_windows']:,} windows expected; "
               + "; ".join(f"({v}) {check[v]['windows']:,} emitted"
-                          for v in ("s", "o", "g") if v in check))
-        for v in ("o", "g"):
+                          for v in ("s", "o", "g", "r") if v in check))
+        for v in ("o", "g", "r"):
             if v in best:
                 print(f"run_stream ({v}): rows out {best[v]['rows_out']:,}, late rows {best[v]['dropped_late_rows']}")
             if "s" in t and v in t:

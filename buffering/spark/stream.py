@@ -74,6 +74,13 @@ _TRIGGERS = ("processingTime", "availableNow", "once")
 PLACEMENTS = ("executor", "batch")
 
 
+#: Input rows per key (or window) merged below which run_stream skips Spark SQL's combine before the
+#: shuffle for the next batch. Measured on local[2] (benchmarks.spark_e2e (g)/(h), benchmarks.windows
+#: (g)/(r), 2026-11-26): at 1.9 rows per window the raw rows were 1.19x faster end to end, at 8.1 rows
+#: per key the two were even (3.38 s raw, 3.47 s combined), at 50 and more the combine was faster.
+RAW_ROWS_PER_KEY = 4
+
+
 @dataclass
 class BatchMetrics:
     """What one micro-batch did, summed over its tasks (collected from the workers' report rows)."""
@@ -102,6 +109,9 @@ class BatchMetrics:
     dropped_late_rows: int = 0
     watermark_ms: int = NO_TIMESTAMP
     committed: bool = True
+    #: How the batch's rows reached the operator instances: "sql" (Spark SQL's partial aggregation
+    #: before the shuffle), "python" (the Python combine) or "none" (as they are).
+    combine: str = ""
     #: One dict per operator instance: its counters for this batch, ``instance`` (its index) and
     #: ``start``, how the task got it: "resumed" (the Python worker held it since the previous
     #: batch, warm cache), "adopted" (the working store another Python worker of the same
@@ -239,6 +249,12 @@ class StreamRunner:
             assert self.spec.mini_batch is not None and self.spec.mini_batch.aggregations is not None
             self.sql_partials = sql_partials(self.spec.mini_batch.aggregations, input_schema)
         self.combine = "none" if not self.combine_before_shuffle else ("sql" if self.sql_partials is not None else "python")
+        # Left to choose (combine_before_shuffle=None), Spark SQL's combine is skipped for the next batch when
+        # the last one had fewer than RAW_ROWS_PER_KEY input rows per key merged: it then shrinks the shuffle
+        # too little to pay for itself (see RAW_ROWS_PER_KEY).
+        self._adaptive_combine = combine_asked is None and self.combine == "sql"
+        self._skip_combine = False
+        self._batch_combine = self.combine
         if self.spec.window is not None and self.combine == "python":
             # Windows are combined per (key, window start) by Spark SQL only; without a SQL twin for
             # every aggregation, the rows go to the instances as they are (they assign the windows).
@@ -422,7 +438,11 @@ class StreamRunner:
         from pyspark.sql import functions as F
 
         frame = batch_df
-        if self.combine == "sql":
+        combine, plan = self.combine, self.plan
+        if combine == "sql" and self._skip_combine:
+            combine, plan = "none", dataclasses.replace(self.plan, combine="none")
+        self._batch_combine = combine
+        if combine == "sql":
             assert self.spec.mini_batch is not None and self.spec.mini_batch.aggregations is not None
             event = F.min(F.lit(NO_TIMESTAMP).cast("long"))
             by = list(self.key_columns)
@@ -436,13 +456,13 @@ class StreamRunner:
                 *sql_exprs(self.spec.mini_batch.aggregations, self.sql_partials or []),
                 event.alias(EVENT_TIME_COLUMN),
             )
-        elif self.combine == "python":
-            frame = frame.mapInPandas(functools.partial(_task.combine_partition, self.plan, context), self._combined_schema)
+        elif combine == "python":
+            frame = frame.mapInPandas(functools.partial(_task.combine_partition, plan, context), self._combined_schema)
         frame = frame.withColumn(
             OPERATOR_COLUMN, F.expr(operator_index_sql(self.key_columns, self.parallelism, self.max_parallelism))
         )
         frame = frame.repartitionById(self.parallelism, OPERATOR_COLUMN)
-        return frame.mapInPandas(functools.partial(_task.run_task, self.plan, context), self._internal_schema)
+        return frame.mapInPandas(functools.partial(_task.run_task, plan, context), self._internal_schema)
 
     def _with_window_start(self, frame: Any) -> Any:
         """A windowed aggregate's (row, window) pairs with their WINDOW_START (epoch ms), computed by Spark.
@@ -528,6 +548,9 @@ class StreamRunner:
                 out.unpersist()
         metrics = self._metrics(version, summaries, time.perf_counter() - started, commit_seconds, committed, context)
         metrics.sink_seconds = sink_seconds
+        metrics.combine = self._batch_combine
+        if self._adaptive_combine and metrics.calls:
+            self._skip_combine = metrics.rows_in < RAW_ROWS_PER_KEY * metrics.calls
         self.batches.append(metrics)
         self.storage.write_batch_metrics(version, {RUN_ID_FIELD: self.run_id, **metrics.to_record()})
         logger.info(
@@ -791,7 +814,11 @@ def run_stream(
             own watermark, as in Spark. Spark runs extra batches without data
             when its watermark moves; run_stream runs no batch without data, so
             the timeouts such a batch would fire, fire at the next batch.
-        combine_before_shuffle: pre-aggregate before the shuffle (default: when fn has a mapping combiner).
+        combine_before_shuffle: pre-aggregate before the shuffle. Default (None): with a mapping
+            combiner, and with Spark SQL's partial aggregation where every aggregation has an exact SQL
+            twin, skipped for a batch when the previous one had fewer than ``RAW_ROWS_PER_KEY`` (4)
+            input rows per key merged (e.g. windows that see a few rows each): the rows then go to the
+            instances as they are and are folded as columns there. True: always; False: never.
         retain: committed versions kept (older files are deleted).
         storage_options: fsspec options of a URL ``checkpoint_location``, one mapping (for
             s3fs e.g. ``{"client_kwargs": {"endpoint_url": ...}}``); the tasks get the same.

@@ -86,3 +86,35 @@ def test_sql_combine_equals_python_combine_with_nulls_and_large_integers(spark, 
         assert query.runner.combine == ("sql" if combine else "none")
         results[combine] = all_rows(out, ["k"])
     pd.testing.assert_frame_equal(results[True], results[False])
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_the_sql_combine_is_skipped_after_a_batch_with_few_rows_per_key_and_resumed_after_one_with_many(spark, tmp_path):
+    """Left to choose, run_stream sends a batch's rows as they are when the previous batch had fewer than
+    RAW_ROWS_PER_KEY rows per key (the combine shrinks too little): the outputs stay those of the combine."""
+    from buffering.spark.stream import RAW_ROWS_PER_KEY
+
+    rng = np.random.default_rng(8)
+
+    def rows(n: int, keys: int) -> pd.DataFrame:
+        return pd.DataFrame({"k": rng.integers(0, keys, n).astype(np.int64), "x": rng.integers(0, 99, n).astype(np.int64),
+                             "s": "a", "f": 0.5})
+
+    frames = [rows(60, 50), rows(60, 50), rows(400, 5), rows(400, 5)]  # about 1.2 and 80 rows per key
+    source = write_batches(str(tmp_path / "in"), frames)
+    operator = buffering.aggregate({"n": Count(), "sx": Sum("x"), "u": ApproxDistinct("x")})
+    results, combines = {}, {}
+    for combine in (None, True):
+        out: list = []
+        query = buffering.spark.run_stream(
+            stream_of(spark, source, "k long, x long, s string, f double"), operator, key="k",
+            checkpoint_location=str(tmp_path / f"ck-{combine}"), sink=collect_sink(out), trigger={"availableNow": True},
+            combine_before_shuffle=combine, parallelism=2,
+        )
+        query.awaitTermination()
+        combines[combine] = [m.combine for m in query.batch_metrics]
+        results[combine] = all_rows(out, ["k"])
+    assert RAW_ROWS_PER_KEY == 4
+    assert combines == {None: ["sql", "none", "none", "sql"], True: ["sql"] * 4}
+    pd.testing.assert_frame_equal(results[None], results[True])

@@ -122,6 +122,18 @@ def _late_rows(watermark_ms: int, late_watermark_ms: Optional[int]) -> int:
     return watermark_ms if late_watermark_ms is None else late_watermark_ms
 
 
+def folds_raw_rows(spec: OperatorSpec) -> bool:
+    """Whether an instance of ``spec`` folds a batch's raw rows as columns at the batch's end
+    (:class:`~buffering.buffer.RowPartials`): an ``aggregate()`` whose aggregations all have a column
+    form, without a trigger, over no window or tumbling or hopping ones."""
+    if spec.aggregations is None or ColumnarLayout.of(spec.aggregations) is None:
+        return False
+    if spec.window is not None and spec.window.spec.merges:
+        return False
+    mini = spec.mini_batch
+    return mini is None or (mini.max_rows is None and mini.max_bytes is None and mini.max_delay_ms is None)
+
+
 class OperatorInstance:
     """The operator for the key groups of instance ``index`` of ``parallelism``."""
 
@@ -304,10 +316,13 @@ class OperatorInstance:
         # An aggregate without a trigger folds a batch's raw rows into one block of partials at its end
         # (a tumbling or hopping window's rows per (key..., window start)).
         self.row_partials: Optional[RowPartials] = None
-        if self._merge_directly and spec.aggregations is not None:
-            if self.columnar is not None:
+        if folds_raw_rows(spec):
+            assert spec.aggregations is not None
+            if self.windows is None:
+                assert self.columnar is not None
                 self.row_partials = RowPartials(self.key_columns, key_types, self.columnar, spec.aggregations)
-            elif self.windows is not None and self.windows.layout is not None:
+            else:
+                assert self.windows.layout is not None
                 self.row_partials = RowPartials(
                     self.windows.buffer_key_columns, None if key_types is None else (*key_types, "long"),
                     self.windows.layout, spec.aggregations,

@@ -39,6 +39,7 @@ from state.group_state import NO_TIMESTAMP, GroupStateTimeout, timeout_conf
 from state.keygroups import DEFAULT_MAX_PARALLELISM, check_max_parallelism
 
 from ..decorators import check_operator_key, spec_of
+from ..operator import folds_raw_rows
 from ..processor import check_initial_state, processor_timeout
 from ..protocol import (
     WATERMARK_FIELD,
@@ -252,7 +253,7 @@ class StreamRunner:
         # Left to choose (combine_before_shuffle=None), Spark SQL's combine is skipped for the next batch when
         # the last one had fewer than RAW_ROWS_PER_KEY input rows per key merged: it then shrinks the shuffle
         # too little to pay for itself (see RAW_ROWS_PER_KEY).
-        self._adaptive_combine = combine_asked is None and self.combine == "sql"
+        self._adaptive_combine = combine_asked is None and self.combine == "sql" and folds_raw_rows(self.spec)
         self._skip_combine = False
         self._batch_combine = self.combine
         if self.spec.window is not None and self.combine == "python":

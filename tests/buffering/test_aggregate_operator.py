@@ -15,6 +15,7 @@ import pytest
 from buffering import (
     Aggregations,
     ApproxDistinct,
+    CollectSet,
     OperatorInstance,
     Count,
     LocalRunner,
@@ -27,7 +28,11 @@ from buffering import (
     mini_batch,
 )
 
-from .helpers import Clock, checkpoint_table, plain
+from buffering.decorators import spec_of
+from buffering.operator import folds_raw_rows
+from buffering.windows import Session, Tumbling
+
+from .helpers import Clock, checkpoint_table, count_sum, plain
 
 AGGS = {"n": Count(), "s": Sum("v")}
 
@@ -223,3 +228,20 @@ def test_rows_waiting_when_the_store_is_handed_over_are_emitted_by_the_adopter_a
     adopter.close()
     views = pd.concat([first, frame])["tweet"].value_counts()
     assert out.set_index("tweet")["views"].to_dict() == views[pd.unique(frame["tweet"])].to_dict()
+
+
+@pytest.mark.parametrize(
+    ("operator", "folds"),
+    [
+        (aggregate(TWEET_AGGS), True),
+        (cached_state(store="rocksdb", layout="key_group")(aggregate(TWEET_AGGS)), True),
+        (aggregate(TWEET_AGGS, window=Tumbling("1 minute")), True),
+        (mini_batch(max_rows=10)(aggregate(TWEET_AGGS)), False),  # a trigger: the buffer's partials
+        (aggregate(TWEET_AGGS, window=Session("1 minute")), False),  # a session's state is its sessions
+        (aggregate({"users": CollectSet("user")}), False),  # no column form
+        (mini_batch()(cached_state()(count_sum)), False),  # a function, not an aggregate
+    ],
+    ids=["aggregate", "key_group", "tumbling", "trigger", "session", "collect_set", "function"],
+)
+def test_which_operators_fold_a_batchs_raw_rows_as_columns(operator, folds):
+    assert folds_raw_rows(spec_of(operator)) is folds

@@ -16,18 +16,17 @@ from buffering import (
     Aggregations,
     ApproxDistinct,
     CollectSet,
-    OperatorInstance,
     Count,
     LocalRunner,
     Max,
     Mean,
     Min,
+    OperatorInstance,
     Sum,
     aggregate,
     cached_state,
     mini_batch,
 )
-
 from buffering.decorators import spec_of
 from buffering.operator import folds_raw_rows
 from buffering.windows import Session, Tumbling

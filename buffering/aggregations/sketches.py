@@ -115,39 +115,9 @@ def _hll_scalar(v: Any) -> int | float | str:
     raise TypeError(f"ApproxDistinct: unsupported value {v!r} of type {t.__name__}")
 
 
-def _hll_values(values: pd.Series) -> list:
-    """Non-null values as ints / non-integral floats / strings (vectorized for typed columns).
-
-    Integral floats become ints, so ``3`` and ``3.0`` are one value whether a
-    chunk's column came as int64 or (because of a null) as float64; datetimes
-    and timedeltas become int64 nanoseconds.
-    """
-    dtype = values.dtype
-    if pdt.is_bool_dtype(dtype) or pdt.is_signed_integer_dtype(dtype):
-        return values.to_numpy(dtype=np.int64).tolist()
-    if pdt.is_unsigned_integer_dtype(dtype):
-        return values.to_numpy(dtype=np.uint64).view(np.int64).tolist()
-    if pdt.is_float_dtype(dtype):
-        x = values.to_numpy(dtype=np.float64)
-        integral = np.isfinite(x) & (np.trunc(x) == x) & (np.abs(x) < 9.2e18)
-        if integral.all():
-            return x.astype(np.int64).tolist()
-        out = x.astype(object)
-        out[integral] = x[integral].astype(np.int64).astype(object)
-        return out.tolist()
-    if isinstance(dtype, pd.DatetimeTZDtype):
-        values = values.dt.tz_convert("UTC").dt.tz_localize(None)
-        dtype = values.dtype
-    if pdt.is_datetime64_dtype(dtype):
-        return values.astype("datetime64[ns]").to_numpy().view(np.int64).tolist()
-    if pdt.is_timedelta64_dtype(dtype):
-        return values.astype("timedelta64[ns]").to_numpy().view(np.int64).tolist()
-    items = values.astype(object).tolist()
-    if pd.api.types.infer_dtype(items, skipna=False) != "string":
-        items = [_hll_scalar(v) for v in items]
-    if "" in items:  # datasketches ignores empty strings; NaN (never fed otherwise: nulls are dropped) stands in
-        items = [_EMPTY_STRING if v == "" else v for v in items]
-    return items
+def _integral(x: np.ndarray) -> np.ndarray:
+    """Which floats the sketch is fed as ints: whole and within int64 (so ``3.0`` and ``3`` are one value)."""
+    return np.isfinite(x) & (np.trunc(x) == x) & (np.abs(x) < 9.2e18)
 
 
 def _hll_words(values: pd.Series) -> np.ndarray | None:
@@ -165,7 +135,7 @@ def _hll_words(values: pd.Series) -> np.ndarray | None:
         return values.to_numpy(dtype=np.uint64).view(np.int64)
     if pdt.is_float_dtype(dtype):
         x = values.to_numpy(dtype=np.float64)
-        integral = np.isfinite(x) & (np.trunc(x) == x) & (np.abs(x) < 9.2e18)
+        integral = _integral(x)
         words = x.view(np.int64).copy()
         words[integral] = x[integral].astype(np.int64)
         return words
@@ -177,6 +147,32 @@ def _hll_words(values: pd.Series) -> np.ndarray | None:
     if pdt.is_timedelta64_dtype(dtype):
         return values.astype("timedelta64[ns]").to_numpy().view(np.int64)
     return None
+
+
+def _hll_values(values: pd.Series) -> list:
+    """Non-null values as ints / non-integral floats / strings (vectorized for typed columns).
+
+    Integral floats become ints, so ``3`` and ``3.0`` are one value whether a
+    chunk's column came as int64 or (because of a null) as float64; datetimes
+    and timedeltas become int64 nanoseconds (the words of :func:`_hll_words`).
+    """
+    if pdt.is_float_dtype(values.dtype):
+        x = values.to_numpy(dtype=np.float64)
+        integral = _integral(x)
+        if integral.all():
+            return x.astype(np.int64).tolist()
+        out = x.astype(object)
+        out[integral] = x[integral].astype(np.int64).astype(object)
+        return out.tolist()
+    words = _hll_words(values)
+    if words is not None:
+        return words.tolist()
+    items = values.astype(object).tolist()
+    if pd.api.types.infer_dtype(items, skipna=False) != "string":
+        items = [_hll_scalar(v) for v in items]
+    if "" in items:  # datasketches ignores empty strings; NaN (never fed otherwise: nulls are dropped) stands in
+        items = [_EMPTY_STRING if v == "" else v for v in items]
+    return items
 
 
 # MurmurHash3_x64_128 of one 8-byte block, as DataSketches hashes a 64-bit datum (seed 9001).

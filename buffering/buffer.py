@@ -125,7 +125,7 @@ class MiniBatchBuffer:
         config = self.config
         if not self.rows and not self._partials:
             return False
-        if config is None or (config.max_rows is None and config.max_bytes is None and config.max_delay_ms is None):
+        if config is None or not config.triggered:
             return True  # no trigger: every micro-batch is flushed at its end
         if config.max_rows is not None and self.rows >= config.max_rows:
             return True

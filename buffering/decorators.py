@@ -61,6 +61,11 @@ class MiniBatchConfig:
                     raise TypeError(f"combine entry {name!r}: {agg!r} must map a column name to an Aggregation")
 
     @property
+    def triggered(self) -> bool:
+        """Whether a count, size or time trigger is set (without one, every micro-batch is flushed at its end)."""
+        return self.max_rows is not None or self.max_bytes is not None or self.max_delay_ms is not None
+
+    @property
     def aggregations(self) -> Optional[Aggregations]:
         if self.combine is None or callable(self.combine):
             return None

@@ -130,8 +130,7 @@ def folds_raw_rows(spec: OperatorSpec) -> bool:
         return False
     if spec.window is not None and spec.window.spec.merges:
         return False
-    mini = spec.mini_batch
-    return mini is None or (mini.max_rows is None and mini.max_bytes is None and mini.max_delay_ms is None)
+    return spec.mini_batch is None or not spec.mini_batch.triggered
 
 
 class OperatorInstance:
@@ -230,11 +229,9 @@ class OperatorInstance:
         if self.windows is not None:
             self.windows.layout = layout
         self._packed_state = layout is not None
-        mini = spec.mini_batch
-        # Without a trigger every batch's partials are merged at its end: a SQL-combined batch can skip the buffer.
-        self._merge_directly = layout is not None and (
-            mini is None or (mini.max_rows is None and mini.max_bytes is None and mini.max_delay_ms is None)
-        )
+        # Without a trigger every batch's partials are merged at its end: a SQL-combined batch can skip the
+        # buffer, and raw rows are folded as columns (row_partials).
+        self._merge_directly = folds_raw_rows(spec)
         # The side tables besides the state; the TTL tables only when this operator expires state, so
         # that checkpoints of operators without TTL keep their tables (a restore adds them when the
         # checkpoint has them: see restore()).
@@ -316,7 +313,7 @@ class OperatorInstance:
         # An aggregate without a trigger folds a batch's raw rows into one block of partials at its end
         # (a tumbling or hopping window's rows per (key..., window start)).
         self.row_partials: Optional[RowPartials] = None
-        if folds_raw_rows(spec):
+        if self._merge_directly:
             assert spec.aggregations is not None
             if self.windows is None:
                 assert self.columnar is not None

@@ -255,7 +255,6 @@ class StreamRunner:
         # too little to pay for itself (see RAW_ROWS_PER_KEY).
         self._adaptive_combine = combine_asked is None and self.combine == "sql" and folds_raw_rows(self.spec)
         self._skip_combine = False
-        self._batch_combine = self.combine
         if self.spec.window is not None and self.combine == "python":
             # Windows are combined per (key, window start) by Spark SQL only; without a SQL twin for
             # every aggregation, the rows go to the instances as they are (they assign the windows).
@@ -439,10 +438,8 @@ class StreamRunner:
         from pyspark.sql import functions as F
 
         frame = batch_df
-        combine, plan = self.combine, self.plan
-        if combine == "sql" and self._skip_combine:
-            combine, plan = "none", dataclasses.replace(self.plan, combine="none")
-        self._batch_combine = combine
+        combine = self._batch_combine()
+        plan = self.plan if combine == self.plan.combine else dataclasses.replace(self.plan, combine=combine)
         if combine == "sql":
             assert self.spec.mini_batch is not None and self.spec.mini_batch.aggregations is not None
             event = F.min(F.lit(NO_TIMESTAMP).cast("long"))
@@ -464,6 +461,11 @@ class StreamRunner:
         )
         frame = frame.repartitionById(self.parallelism, OPERATOR_COLUMN)
         return frame.mapInPandas(functools.partial(_task.run_task, plan, context), self._internal_schema)
+
+    def _batch_combine(self) -> str:
+        """How the next (or running) batch's rows reach the instances: the plan's combine, or "none" when
+        Spark SQL's is skipped after a batch with few rows per key (see RAW_ROWS_PER_KEY)."""
+        return "none" if self.combine == "sql" and self._skip_combine else self.combine
 
     def _with_window_start(self, frame: Any) -> Any:
         """A windowed aggregate's (row, window) pairs with their WINDOW_START (epoch ms), computed by Spark.
@@ -549,7 +551,7 @@ class StreamRunner:
                 out.unpersist()
         metrics = self._metrics(version, summaries, time.perf_counter() - started, commit_seconds, committed, context)
         metrics.sink_seconds = sink_seconds
-        metrics.combine = self._batch_combine
+        metrics.combine = self._batch_combine()
         if self._adaptive_combine and metrics.calls:
             self._skip_combine = metrics.rows_in < RAW_ROWS_PER_KEY * metrics.calls
         self.batches.append(metrics)

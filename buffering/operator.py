@@ -767,10 +767,8 @@ class OperatorInstance:
         """
         if not self.merges_columns:
             return None
-        self.metrics.rows_in += sum(rows)
-        if not nkeys:
+        if not self._count_merge(nkeys, rows):
             return []
-        self.metrics.flushes += 1
         if self.windows is not None:
             return self.windows.merge_columns(self, nkeys, partials, rows, _late_rows(watermark_ms, late_watermark_ms))
         assert self.columnar is not None
@@ -784,11 +782,17 @@ class OperatorInstance:
         (a trigger, or a windowed aggregate: use :meth:`process_accumulators`)."""
         if not self.merges_columns or self.columnar is None:
             return None
+        if not self._count_merge(nkeys, rows):
+            return []
+        return [self._merge_columns(nkeys, block, processing_time_ms)]
+
+    def _count_merge(self, nkeys: list[NormalizedKey], rows: Sequence[int]) -> bool:
+        """Count the input rows of partials merged directly, and the merge itself when there are keys to merge."""
         self.metrics.rows_in += int(sum(rows))
         if not nkeys:
-            return []
+            return False
         self.metrics.flushes += 1
-        return [self._merge_columns(nkeys, block, processing_time_ms)]
+        return True
 
     def _processor_at(self, processing_time_ms: int, watermark_ms: int) -> ProcessorRuntime:
         """The processor, set to the batch's times (the watermark only with an event-time column)."""

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from buffering import ApproxDistinct, Count, LocalRunner, aggregate, cached_state
+from buffering import ApproxDistinct, Count, LocalRunner, Sum, aggregate, cached_state
 from buffering.aggregations import Aggregations, Grouping
 from buffering.aggregations.columnar import ColumnarLayout
 from buffering.aggregations.sketches import HllPartial
@@ -101,18 +101,19 @@ def test_batch_metrics_list_each_instance_with_its_index_start_and_counters(tmp_
 
 
 # ---------------------------------------------------------------- Spark SQL partials, in several chunks
-def _aggregate_runner(tmp_path, layout: str):
+def _aggregate_runner(tmp_path, layout: str, aggregations=None, placement=None):
+    """A runner of ``aggregate(aggregations)`` (default count n and sum s of v) by k, one instance."""
     from pyspark.sql.types import LongType, StructField, StructType
 
-    from buffering import Count, Sum, aggregate, cached_state
     from buffering.spark.stream import StreamRunner
 
+    aggregations = aggregations or {"n": Count(), "s": Sum("v")}
     schema = StructType([StructField("k", LongType()), StructField("v", LongType())])
-    output = StructType([StructField(name, LongType()) for name in ("k", "n", "s")])
+    output = StructType([StructField(name, LongType()) for name in ("k", *aggregations)])
     return StreamRunner(
-        cached_state(store="rocksdb", layout=layout)(aggregate({"n": Count(), "s": Sum("v")})),
+        cached_state(store="rocksdb", layout=layout)(aggregate(aggregations)),
         input_schema=schema, key="k", output_schema=output, checkpoint_location=str(tmp_path / "ckpt"),
-        sink="noop", parallelism=1, workdir=str(tmp_path / "work"),
+        sink="noop", parallelism=1, workdir=str(tmp_path / "work"), placement=placement,
     )
 
 
@@ -163,17 +164,7 @@ PYTHON_AGGS = {"n": Count(), "u": ApproxDistinct("v", lg_k=7)}
 
 
 def _python_combine_runner(tmp_path, layout: str = "key"):
-    from pyspark.sql.types import LongType, StructField, StructType
-
-    from buffering.spark.stream import StreamRunner
-
-    schema = StructType([StructField("k", LongType()), StructField("v", LongType())])
-    output = StructType([StructField(name, LongType()) for name in ("k", "n", "u")])
-    return StreamRunner(
-        cached_state(store="rocksdb", layout=layout)(aggregate(PYTHON_AGGS)),
-        input_schema=schema, key="k", output_schema=output, checkpoint_location=str(tmp_path / "ckpt"),
-        sink="noop", parallelism=1, workdir=str(tmp_path / "work"), placement="executor",
-    )
+    return _aggregate_runner(tmp_path, layout, PYTHON_AGGS, placement="executor")
 
 
 def _raw(seed: int, n: int = 500) -> pd.DataFrame:

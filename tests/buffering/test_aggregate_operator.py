@@ -176,21 +176,17 @@ def tweet_batches(seed: int = 11, n: int = 5) -> list[pd.DataFrame]:
 TWEET_AGGS = {"views": Count(), "viewers": ApproxDistinct("user", lg_k=7), "total": Sum("v")}
 
 
-def per_batch(op, frames, location, parallelism=1):
-    runner = LocalRunner(op, key="tweet", clock=Clock(), checkpoint_location=location, parallelism=parallelism)
-    outputs = [runner.process(f) for f in frames]
-    runner.close()
-    return outputs
-
-
 @pytest.mark.parametrize("parallelism", [1, 2])
 def test_an_unbuffered_aggregate_emits_and_checkpoints_what_the_buffered_one_does(tmp_path, parallelism):
     """Without a trigger a batch's rows are folded as columns at its end; behind a trigger of one row they
     are merged row by row as partial objects: every key's last result of a batch and the state are the same."""
     frames = tweet_batches()
     op = cached_state(max_entries=25, store="rocksdb")(aggregate(TWEET_AGGS))
-    got = per_batch(op, frames, tmp_path / "columns", parallelism)
-    expected = per_batch(mini_batch(max_rows=1)(op), frames, tmp_path / "partials", parallelism)
+    columns, got = run(op, frames, "tweet", checkpoint_location=tmp_path / "columns", parallelism=parallelism)
+    partials, expected = run(mini_batch(max_rows=1)(op), frames, "tweet", checkpoint_location=tmp_path / "partials",
+                             parallelism=parallelism)
+    columns.close()
+    partials.close()
     for g, e in zip(got, expected):
         assert len(g) == g["tweet"].nunique()  # one row per key of the batch
         assert latest_per_key([g], ["tweet"]) == latest_per_key([e], ["tweet"])

@@ -240,3 +240,37 @@ def test_rows_waiting_when_the_store_is_handed_over_are_emitted_by_the_adopter_a
 )
 def test_which_operators_fold_a_batchs_raw_rows_as_columns(operator, folds):
     assert folds_raw_rows(spec_of(operator)) is folds
+
+
+@pytest.mark.parametrize("layout", ["key", "key_group"])
+def test_a_batch_failing_after_its_rows_were_folded_into_one_instance_leaves_nothing_applied(tmp_path, layout, monkeypatch):
+    """The fold at the batch's end merges each instance's block into its state; one instance failing after
+    another merged leaves state and checkpoint at the last version, and the batch re-run gives what a run
+    without the failure gives."""
+    frames = tweet_batches(n=3)
+    op = cached_state(max_entries=25, store="rocksdb", layout=layout)(aggregate(TWEET_AGGS))
+    clean, expected = run(op, frames, "tweet", checkpoint_location=tmp_path / "clean", parallelism=2)
+    clean.close()
+    runner, got = run(op, frames[:2], "tweet", checkpoint_location=tmp_path / "failed", parallelism=2)
+    merge = OperatorInstance._merge_columns
+    merged = []
+
+    def merge_then_fail(self, *args, **kwargs):
+        out = merge(self, *args, **kwargs)  # this instance's state is changed ...
+        merged.append(self.index)
+        if len(merged) == 2:
+            raise RuntimeError("injected failure after the second instance's fold")
+        return out
+
+    monkeypatch.setattr(OperatorInstance, "_merge_columns", merge_then_fail)
+    before = checkpoint_table(tmp_path / "failed")
+    with pytest.raises(RuntimeError, match="injected failure"):
+        runner.process(frames[2])
+    assert len(merged) == 2 and runner.version == 1
+    assert checkpoint_table(tmp_path / "failed") == before
+    monkeypatch.setattr(OperatorInstance, "_merge_columns", merge)
+    got.append(runner.process(frames[2]))  # ... and the re-run starts from the last version
+    runner.close()
+    for g, e in zip(got, expected):
+        pd.testing.assert_frame_equal(g.reset_index(drop=True), e.reset_index(drop=True))
+    assert checkpoint_table(tmp_path / "failed") == checkpoint_table(tmp_path / "clean")

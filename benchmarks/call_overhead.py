@@ -14,10 +14,18 @@ Measured in the same process, alternating, best of ``--repeat``:
   store behind the cache, a checkpoint per batch, the runner's grouping of
   each batch by key, output frames concatenated): what a user runs.
 
+* ``harness``: what a user writes by hand instead, with public pandas only: each
+  batch's ``groupby("tweet", sort=False)`` iterated, the function called per
+  key with the dict state, its output frames joined with ``pd.concat`` at the
+  end of the batch (no cache, no store, no checkpoint: less than the runner
+  does). The time of the concatenation is measured apart.
+
 ``overhead per call = (runner - loop) / calls``: everything opbuffer adds
 per key and batch (grouping rows by key, state reads and writes through the
 cache, the GroupState object, output validation and concatenation, the
-checkpoint). Target (issue 15): <= 10 us per call at 100k tweets.
+checkpoint). Target (issue 15): <= 10 us per call at 100k tweets. The
+harness's ``(harness - loop) / calls`` beside it is what grouping and joining
+per-key frames costs with pandas alone, the same run.
 
 Both variants call the function through the same timing wrapper, so each
 run also measures the time spent inside it: ``runner - inside`` is a second,
@@ -153,6 +161,30 @@ def run_runner(batches: list[pd.DataFrame], max_entries: int, root: str) -> tupl
     return seconds, fn.seconds, rows_out, calls
 
 
+def run_harness(batches: list[pd.DataFrame]) -> tuple[float, float, int, int, float]:
+    """Seconds, seconds inside the function, output rows, calls, seconds in ``pd.concat``."""
+    store: dict = {}
+    calls = rows_out = 0
+    joining = 0.0
+    fn = Inside()
+    _frozen()
+    try:
+        start = now()
+        for frame in batches:
+            outputs = []
+            for key, rows in frame.groupby("tweet", sort=False):
+                nkey = (key,)
+                outputs.extend(fn(nkey, iter([rows]), DictState(store, nkey)))
+                calls += 1
+            joined = now()
+            rows_out += len(pd.concat(outputs, ignore_index=True))
+            joining += now() - joined
+        seconds = now() - start
+    finally:
+        gc.unfreeze()
+    return seconds, fn.seconds, rows_out, calls, joining
+
+
 def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.call_overhead", description=__doc__.splitlines()[0])
     p.add_argument("--views", type=int, default=1_000_000)
@@ -174,18 +206,24 @@ def main(argv: Any = None) -> dict[str, Any]:
     batches = [views.iloc[i : i + size].reset_index(drop=True) for i in range(0, len(views), size)]
     groups = grouped(batches)
     root = tempfile.mkdtemp(prefix="opbuffer-call-overhead-")
-    loops, runs = [], []
+    loops, runs, harnesses = [], [], []
     try:
         for _ in range(args.repeat):
             loops.append(run_loop(groups))
             runs.append(run_runner(batches, args.max_entries, root))
+            harnesses.append(run_harness(batches))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     loop_s, loop_inside, loop_calls = min(loops)
     run_s, run_inside, rows_out, run_calls = min(runs)
-    if loop_calls != run_calls or rows_out != run_calls:
-        raise SystemExit(f"call counts differ: loop {loop_calls}, runner {run_calls} calls and {rows_out} rows")
+    harness_s, harness_inside, harness_rows, harness_calls, harness_join = min(harnesses)
+    if loop_calls != run_calls or rows_out != run_calls or harness_calls != run_calls or harness_rows != run_calls:
+        raise SystemExit(
+            f"call counts differ: loop {loop_calls}, runner {run_calls} calls and {rows_out} rows, "
+            f"harness {harness_calls} calls and {harness_rows} rows"
+        )
     overhead_us = (run_s - loop_s) / run_calls * 1e6
+    harness_us = (harness_s - loop_s) / run_calls * 1e6
     outside = [(r[0] - r[1]) / run_calls * 1e6 for r in runs]
     print(f"{NAME}: {args.views:,} views, {args.tweets:,} tweets, {args.batches} batches, best of {args.repeat}, load {os.getloadavg()[0]:.2f}")
     print_table(
@@ -193,11 +231,15 @@ def main(argv: Any = None) -> dict[str, Any]:
         [
             ["loop (user's code, dict state)", f"{loop_s:.2f}", f"{loop_inside:.2f}", f"{loop_calls:,}", f"{loop_s / loop_calls * 1e6:.1f}"],
             ["LocalRunner (decorated)", f"{run_s:.2f}", f"{run_inside:.2f}", f"{run_calls:,}", f"{run_s / run_calls * 1e6:.1f}"],
+            ["harness (groupby + pd.concat)", f"{harness_s:.2f}", f"{harness_inside:.2f}", f"{harness_calls:,}",
+             f"{harness_s / harness_calls * 1e6:.1f}"],
         ],
     )
     print(f"  opbuffer's overhead per call: {overhead_us:.1f} us (runner - loop)")
     print(f"  opbuffer's own time per call, measured inside the runs: {min(outside):.1f} us (rounds: "
           + ", ".join(f"{v:.1f}" for v in outside) + ")")
+    print(f"  the pandas harness's overhead per call: {harness_us:.1f} us (harness - loop), of which pd.concat "
+          f"{harness_join / run_calls * 1e6:.1f} us; its own time {(harness_s - harness_inside) / run_calls * 1e6:.1f} us")
     target = check_target(f"overhead per call at {args.tweets:,} tweets", overhead_us, TARGET_US_PER_CALL, at_most=True, unit=" us")
     results = {
         "loop_seconds": [l[0] for l in loops],
@@ -207,6 +249,10 @@ def main(argv: Any = None) -> dict[str, Any]:
         "calls": run_calls,
         "overhead_us_per_call": overhead_us,
         "outside_us_per_call": outside,
+        "harness_seconds": [h[0] for h in harnesses],
+        "harness_inside_seconds": [h[1] for h in harnesses],
+        "harness_concat_seconds": [h[4] for h in harnesses],
+        "harness_overhead_us_per_call": harness_us,
         "load": list(os.getloadavg()),
     }
     params = {"views": args.views, "tweets": args.tweets, "batches": args.batches, "repeat": args.repeat, "max_entries": args.max_entries}

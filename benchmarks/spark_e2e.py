@@ -39,6 +39,14 @@ The variants (each with fresh checkpoint and output directories):
     SQL combine, operator index, ``repartitionById``) into a ``mapInPandas``
     that reads every chunk and does nothing else; ``noop`` sink. What (c)
     costs with no operator work at all.
+(i) the ceiling of (h) with ``--placement executor``: exactly the plan
+    ``placement="executor"`` runs without a combine (operator index, a
+    ``mapInArrow`` adding each row's host key, ``groupBy(host)
+    .applyInPandasWithState`` in update mode with Spark's state store, one
+    group per instance) with a hosted function that reads its rows and
+    yields nothing; ``noop`` sink in ``foreachBatch``. What hosting the
+    instances costs with no operator work (compare (h) run with
+    ``--placement executor`` against it).
 
 (a), (b) and (c) write their output with the same parquet sink
 (``buffering.spark.ParquetSink``: ``{out}/batch_id=N``, overwrite), read back
@@ -105,9 +113,9 @@ USERS = 25_000
 BATCHES = 4
 CARDINALITIES = (100_000, 10_000, 1_000, 20)
 QUICK = {"views": 40_000, "users": 5_000, "batches": 4, "cardinalities": (2_000, 20)}
-VARIANTS = ("a", "b", "c", "d", "e", "f", "g", "h")
+VARIANTS = ("a", "b", "c", "d", "e", "f", "g", "h", "i")
 #: run order inside a round: the floors first, the slow baseline last
-ORDER = ("d", "f", "c", "g", "h", "e", "b", "a")
+ORDER = ("d", "f", "i", "c", "g", "h", "e", "b", "a")
 #: the run_stream variants (their workers keep operator instances between runs)
 STATEFUL = ("b", "c", "g", "h")
 LABELS = {
@@ -117,6 +125,7 @@ LABELS = {
     "d": "(d) floor: repartition + identity mapInPandas + noop",
     "e": "(e) Spark SQL streaming agg (count, approx_count_distinct), RocksDB",
     "f": "(f) ceiling of (c): its SQL combine + shuffle, reading only",
+    "i": "(i) ceiling of (h), executor: its hosting plan, reading only",
     "g": "(g) (c) with cached_state(layout='key_group')",
     "h": "(h) (g) without the SQL combine: raw rows in",
 }
@@ -174,6 +183,28 @@ def _identity(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
 def _read_only(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
     """Consume every chunk and yield nothing: what Spark costs without any operator work."""
     for _ in batches:
+        pass
+    return
+    yield  # a generator
+
+
+def _host_tagger(keys: tuple[int, ...]) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """(i)'s mapInArrow: each row's host key (the key of its instance), as ``placement="executor"`` adds it."""
+
+    def tag(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        host = np.asarray(keys, dtype=np.int64)
+        for batch in batches:
+            ops = batch.column(batch.schema.get_field_index("op")).to_numpy(zero_copy_only=False)
+            yield batch.append_column("host", pa.array(host[ops], pa.int64()))
+
+    return tag
+
+
+def _hosted_read_only(key: Any, frames: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
+    """(i)'s hosted function: read the instance's rows, yield nothing."""
+    for _ in frames:
         pass
     return
     yield  # a generator
@@ -376,6 +407,28 @@ def run_variant(case: Case, variant: str) -> dict[str, Any]:
             frame.mapInPandas(_read_only, frame.schema).write.format("noop").mode("overwrite").save()
 
         query, result["seconds"] = _timed_query(lambda: stream.writeStream.foreachBatch(ceiling), checkpoint)
+        result["out"] = None
+    elif variant == "i":
+        from pyspark.sql import functions as F
+        from pyspark.sql.streaming.state import GroupStateTimeout
+        from pyspark.sql.types import LongType, StructField, StructType
+
+        from buffering.spark._plan import operator_index_sql
+        from buffering.spark.stream import host_keys
+
+        parallelism = args.parallelism
+        keys = host_keys(case.spark, parallelism, parallelism)
+
+        def hosted() -> Any:
+            frame = case.stream().withColumn("op", F.expr(operator_index_sql(["tweet"], parallelism, DEFAULT_MAX_PARALLELISM)))
+            schema = StructType([*frame.schema.fields, StructField("host", LongType())])  # add() would change frame's
+            tagged = frame.mapInArrow(_host_tagger(keys), schema)
+            return (tagged.groupBy("host")
+                    .applyInPandasWithState(_hosted_read_only, "n long", "unused int", "Update", GroupStateTimeout.NoTimeout)
+                    .writeStream.outputMode("update")
+                    .foreachBatch(lambda batch_df, batch_id: batch_df.write.format("noop").mode("overwrite").save()))
+
+        query, result["seconds"] = _timed_query(hosted, checkpoint)
         result["out"] = None
     else:
         raise ValueError(variant)
@@ -631,6 +684,9 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
              "registers), update mode, RocksDB state store, ParquetSink",
         "f": "foreachBatch: (c)'s map-side SQL combine (groupBy(tweet).agg(count, hll_sketch_agg)), operator index, "
              "repartitionById, a mapInPandas that reads every chunk and yields nothing, noop",
+        "i": "placement='executor''s plan without a combine: operator index, mapInArrow adding the host key, "
+             "groupBy(host).applyInPandasWithState (update, Spark's state store) reading every chunk and yielding "
+             "nothing, foreachBatch noop",
         "timed": "query build + start .. awaitTermination() returns",
         "statistic": "fastest of --repeat runs",
         "repeat": args.repeat,
@@ -749,7 +805,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
                     _fmt_batches(best[v].get("runner_batch_seconds") or best[v]["batch_seconds"]),
                     f"{best[v]['load_before'][0]:.1f}-{best[v]['load_after'][0]:.1f}",
                     target,
-                    ("ok" if check["ok"] else "MISMATCH") if v not in ("d", "f") else "-",
+                    ("ok" if check["ok"] else "MISMATCH") if v not in ("d", "f", "i") else "-",
                 ])
             results["per_cardinality"][str(card)] = {
                 "distinct_tweets": int(views["tweet"].nunique()),
@@ -822,6 +878,9 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
                 # not a target: how far (c) is from what its Spark plan alone costs
                 log(f"[{card}] ceiling: (f) / floor (d) = {t['f'] / t['d']:.2f}x; (c) / (f) = {t['c'] / t['f']:.2f}x"
                     if "d" in t else f"[{card}] (c) / (f) = {t['c'] / t['f']:.2f}x")
+            if "h" in t and "i" in t and args.placement == "executor":
+                log(f"[{card}] executor ceiling: (i) / floor (d) = {t['i'] / t['d']:.2f}x; (h) / (i) = {t['h'] / t['i']:.2f}x"
+                    if "d" in t else f"[{card}] (h) / (i) = {t['h'] / t['i']:.2f}x")
             if "a" in t and "b" in t:
                 targets.append(check_target(f"(b) vs (a) at {card} tweets", t["a"] / t["b"], TARGET_B_VS_A, unit="x"))
         results["correctness_ok"] = all_ok

@@ -507,49 +507,31 @@ def recorded_context(storage: CheckpointStorage, version: int) -> BatchContext:
     )
 
 
-def tag_partition(plan: TaskPlan, host_keys: tuple[int, ...], batches: Iterator[Any]) -> Iterator[Any]:
-    """Before the hosting operator (Arrow batches in and out): each row's HOST_COLUMN, plus heartbeats.
+#: The heartbeat task's output (placement="executor" without a combine); the key columns are added as nulls in SQL.
+HEARTBEAT_SCHEMA = f"{OPERATOR_COLUMN} int, {HOST_COLUMN} long, {HEARTBEAT_COLUMN} boolean"
 
-    HOST_COLUMN is the host key of the row's instance (OPERATOR_COLUMN, computed
-    by the JVM). Partition 0 adds one heartbeat row per instance: Spark calls the
-    hosting function only for keys that have rows, and every instance must run
-    in every batch.
+
+def heartbeat_partition(host_keys: tuple[int, ...], batches: Iterator[Any]) -> Iterator[Any]:
+    """One heartbeat row per instance (Arrow, :data:`HEARTBEAT_SCHEMA`), from the batch's one heartbeat task.
+
+    Spark calls the hosting function only for keys that have rows, and every
+    instance must run in every batch (its timers, its checkpoint). The task's
+    input is coalesced to one partition and filtered to no rows, so this runs
+    once per batch (whatever its partition's index in the stage: the stage is
+    a union).
     """
     import pyarrow as pa
-    from pyspark import TaskContext
 
-    keys = np.asarray(host_keys, dtype=np.int64)
-    schema = None
-    for batch in batches:
-        ops = batch.column(batch.schema.get_field_index(OPERATOR_COLUMN)).to_numpy(zero_copy_only=False)
-        tagged = batch.append_column(HOST_COLUMN, pa.array(keys[ops], pa.int64()))
-        tagged = tagged.append_column(HEARTBEAT_COLUMN, pa.array(np.zeros(len(ops), dtype=bool)))
-        schema = tagged.schema
-        yield tagged
-    task = TaskContext.get()
-    if task is None or task.partitionId() == 0:
-        yield _heartbeats(plan, keys, schema)
-
-
-def _heartbeats(plan: TaskPlan, keys: np.ndarray, schema: Any) -> Any:
-    import pyarrow as pa
-
-    n = len(keys)
-    if schema is None:  # partition 0 had no rows: only the three columns matter downstream
-        return pa.RecordBatch.from_pydict(
-            {OPERATOR_COLUMN: pa.array(np.arange(n, dtype=np.int32)), HOST_COLUMN: pa.array(keys), HEARTBEAT_COLUMN: pa.array(np.ones(n, dtype=bool))}
-        )
-    columns = []
-    for f in schema:
-        if f.name == OPERATOR_COLUMN:
-            columns.append(pa.array(np.arange(n), f.type))
-        elif f.name == HOST_COLUMN:
-            columns.append(pa.array(keys, f.type))
-        elif f.name == HEARTBEAT_COLUMN:
-            columns.append(pa.array(np.ones(n, dtype=bool)))
-        else:
-            columns.append(pa.nulls(n, f.type))
-    return pa.RecordBatch.from_arrays(columns, schema=schema)
+    for _ in batches:
+        pass
+    n = len(host_keys)
+    yield pa.RecordBatch.from_pydict(
+        {
+            OPERATOR_COLUMN: pa.array(np.arange(n, dtype=np.int32)),
+            HOST_COLUMN: pa.array(np.asarray(host_keys, dtype=np.int64)),
+            HEARTBEAT_COLUMN: pa.array(np.ones(n, dtype=bool)),
+        }
+    )
 
 
 def host_instance(

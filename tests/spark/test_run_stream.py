@@ -320,6 +320,31 @@ def test_processing_time_timeout_fires_for_keys_without_new_rows(spark, tmp_path
     assert events.values.tolist() == [[1, "seen", 0], [2, "seen", 0], [1, "expired", 1], [2, "seen", 1]]
 
 
+@pytest.mark.parametrize("placement", ["batch", "executor"])
+def test_a_batch_whose_rows_are_all_filtered_out_upstream_still_runs_every_instance(spark, tmp_path, placement):
+    def expiring(key, rows, state):
+        if state.hasTimedOut:
+            state.remove()
+            yield pd.DataFrame({"tweet": [key[0]], "event": ["expired"]})
+            return
+        state.update((sum(len(pdf) for pdf in rows),))
+        state.setTimeoutDuration(1)
+        yield pd.DataFrame({"tweet": [key[0]], "event": ["seen"]})
+
+    frames = [pd.DataFrame({"tweet": [1, 2, 3], "user": [0, 0, 0], "ts": [0, 0, 0]}), pd.DataFrame({"tweet": [2], "user": [9], "ts": [1]})]
+    source = write_batches(str(tmp_path / "in"), frames)
+    out: list = []
+    query = run_stream(
+        stream_of(spark, source, SCHEMA).where("user != 9"), expiring, key="tweet", output_schema="tweet long, event string",
+        checkpoint_location=str(tmp_path / "ck"), sink=collect_sink(out), trigger={"availableNow": True},
+        timeout="processing", placement=placement,
+    )
+    query.awaitTermination()
+    assert [m.tasks for m in query.batch_metrics] == [4, 4]
+    events = all_rows(out, ["tweet", "event"])
+    assert events.values.tolist() == [[1, "seen", 0], [2, "seen", 0], [3, "seen", 0], [1, "expired", 1], [2, "expired", 1], [3, "expired", 1]]
+
+
 def sessions(key, rows, state):
     """Events per user until 10 s of event time pass without one (an event-time timeout closes the session)."""
     if state.hasTimedOut:

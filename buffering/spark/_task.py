@@ -507,31 +507,51 @@ def recorded_context(storage: CheckpointStorage, version: int) -> BatchContext:
     )
 
 
-#: The heartbeat task's output (placement="executor" without a combine); the key columns are added as nulls in SQL.
-HEARTBEAT_SCHEMA = f"{OPERATOR_COLUMN} int, {HOST_COLUMN} long, {HEARTBEAT_COLUMN} boolean"
+def tag_partition(plan: TaskPlan, host_keys: tuple[int, ...], output_schema: Any, batches: Iterator[Any]) -> Iterator[Any]:
+    """Before the hosting operator (Arrow batches in and out): each row's HOST_COLUMN, plus heartbeats.
 
-
-def heartbeat_partition(host_keys: tuple[int, ...], batches: Iterator[Any]) -> Iterator[Any]:
-    """One heartbeat row per instance (Arrow, :data:`HEARTBEAT_SCHEMA`), from the batch's one heartbeat task.
-
-    Spark calls the hosting function only for keys that have rows, and every
-    instance must run in every batch (its timers, its checkpoint). The task's
-    input is coalesced to one partition and filtered to no rows, so this runs
-    once per batch (whatever its partition's index in the stage: the stage is
-    a union).
+    HOST_COLUMN is the host key of the row's instance (OPERATOR_COLUMN, computed
+    by the JVM). Partition 0 adds one heartbeat row per instance: Spark calls the
+    hosting function only for keys that have rows, and every instance must run
+    in every batch, even one whose rows were all filtered out upstream (then the
+    heartbeats' types come from ``output_schema``, the declared StructType).
     """
     import pyarrow as pa
+    from pyspark import TaskContext
 
-    for _ in batches:
-        pass
-    n = len(host_keys)
-    yield pa.RecordBatch.from_pydict(
-        {
-            OPERATOR_COLUMN: pa.array(np.arange(n, dtype=np.int32)),
-            HOST_COLUMN: pa.array(np.asarray(host_keys, dtype=np.int64)),
-            HEARTBEAT_COLUMN: pa.array(np.ones(n, dtype=bool)),
-        }
-    )
+    keys = np.asarray(host_keys, dtype=np.int64)
+    schema = None
+    for batch in batches:
+        ops = batch.column(batch.schema.get_field_index(OPERATOR_COLUMN)).to_numpy(zero_copy_only=False)
+        tagged = batch.append_column(HOST_COLUMN, pa.array(keys[ops], pa.int64()))
+        tagged = tagged.append_column(HEARTBEAT_COLUMN, pa.array(np.zeros(len(ops), dtype=bool)))
+        schema = tagged.schema
+        yield tagged
+    task = TaskContext.get()
+    if task is None or task.partitionId() == 0:
+        if schema is None:  # no row in this partition: Spark reads every declared column of the batch
+            from pyspark.sql.pandas.types import to_arrow_schema
+
+            schema = to_arrow_schema(output_schema, timezone="UTC")
+        yield _heartbeats(keys, schema)
+
+
+def _heartbeats(keys: np.ndarray, schema: Any) -> Any:
+    """One row per instance: its index and host key, the heartbeat flag, nulls in every other column of ``schema``."""
+    import pyarrow as pa
+
+    n = len(keys)
+    columns = []
+    for f in schema:
+        if f.name == OPERATOR_COLUMN:
+            columns.append(pa.array(np.arange(n), f.type))
+        elif f.name == HOST_COLUMN:
+            columns.append(pa.array(keys, f.type))
+        elif f.name == HEARTBEAT_COLUMN:
+            columns.append(pa.array(np.ones(n, dtype=bool)))
+        else:
+            columns.append(pa.nulls(n, f.type))
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
 def host_instance(

@@ -400,22 +400,11 @@ class StreamRunner:
             tagged = self._tagged(self._combined_schema)
             frame = df.mapInPandas(functools.partial(_task.combine_and_tag, self.plan, keys), tagged)
         else:
-            # The rows get their instance and host key in SQL: a Python pass over every row only to tag it
-            # cost more than hosting the instances itself (benchmarks.spark_e2e, variant (i)). Every
-            # instance must run in every batch (Spark calls the hosting function only for keys with rows),
-            # so one Python task per batch, over no rows, adds one heartbeat row per instance.
-            tagged = self._tagged(df.schema)
-            index = F.expr(operator_index_sql(self.key_columns, self.parallelism, self.max_parallelism))
-            hosts = F.element_at(F.array(*[F.lit(k).cast("long") for k in keys]), index + 1)
-            rows = df.select("*", index.alias(OPERATOR_COLUMN), hosts.alias(HOST_COLUMN), F.lit(False).alias(HEARTBEAT_COLUMN))
-            beats = (
-                # spark_partition_id() is not folded: the filter keeps the task, drops every row
-                df.select(F.lit(0).alias(HEARTBEAT_COLUMN)).where(F.spark_partition_id() < 0).coalesce(1)
-                .mapInArrow(functools.partial(_task.heartbeat_partition, keys), _task.HEARTBEAT_SCHEMA)
-                .select(*(F.lit(None).cast(f.dataType).alias(f.name) for f in df.schema.fields),
-                        OPERATOR_COLUMN, HOST_COLUMN, HEARTBEAT_COLUMN)
+            frame = df.withColumn(
+                OPERATOR_COLUMN, F.expr(operator_index_sql(self.key_columns, self.parallelism, self.max_parallelism))
             )
-            frame = rows.unionByName(beats)
+            tagged = self._tagged(df.schema)
+            frame = frame.mapInArrow(functools.partial(_task.tag_partition, self.plan, keys, tagged), tagged)
         numpy_types = {"byte": "int8", "short": "int16", "integer": "int32", "long": "int64", "boolean": "bool"}
         dtypes = tuple(
             (f.name, numpy_types[f.dataType.typeName()])

@@ -331,11 +331,19 @@ def test_a_batch_whose_rows_are_all_filtered_out_upstream_still_runs_every_insta
         state.setTimeoutDuration(1)
         yield pd.DataFrame({"tweet": [key[0]], "event": ["seen"]})
 
-    frames = [pd.DataFrame({"tweet": [1, 2, 3], "user": [0, 0, 0], "ts": [0, 0, 0]}), pd.DataFrame({"tweet": [2], "user": [9], "ts": [1]})]
+    def at(n):  # microseconds: Spark reads no nanosecond parquet timestamps
+        return pd.Series(pd.Timestamp("2024-01-01", tz="UTC"), index=range(n)).astype("datetime64[us, UTC]")
+
+    frames = [
+        pd.DataFrame({"tweet": [1, 2, 3], "user": [0, 0, 0], "ts": [0, 0, 0], "note": ["a", "b", None], "at": at(3)}),
+        pd.DataFrame({"tweet": [2], "user": [9], "ts": [1], "note": ["c"], "at": at(1)}),
+    ]
     source = write_batches(str(tmp_path / "in"), frames)
     out: list = []
     query = run_stream(
-        stream_of(spark, source, SCHEMA).where("user != 9"), expiring, key="tweet", output_schema="tweet long, event string",
+        # the string and timestamp columns: the heartbeats of a batch without rows carry nulls of every input type
+        stream_of(spark, source, SCHEMA + ", note string, at timestamp").where("user != 9"), expiring, key="tweet",
+        output_schema="tweet long, event string",
         checkpoint_location=str(tmp_path / "ck"), sink=collect_sink(out), trigger={"availableNow": True},
         timeout="processing", placement=placement,
     )

@@ -39,14 +39,14 @@ The variants (each with fresh checkpoint and output directories):
     SQL combine, operator index, ``repartitionById``) into a ``mapInPandas``
     that reads every chunk and does nothing else; ``noop`` sink. What (c)
     costs with no operator work at all.
-(i) the ceiling of (h) with ``--placement executor``: exactly the plan
+(i) the ceiling of (h) with ``--placement executor``: the plan
     ``placement="executor"`` runs without a combine (operator index, a
     ``mapInArrow`` adding each row's host key, ``groupBy(host)
     .applyInPandasWithState`` in update mode with Spark's state store, one
-    group per instance) with a hosted function that reads its rows and
-    yields nothing; ``noop`` sink in ``foreachBatch``. What hosting the
-    instances costs with no operator work (compare (h) run with
-    ``--placement executor`` against it).
+    group per instance; without the few heartbeat rows a batch adds) with a
+    hosted function that reads its rows and yields nothing; ``noop`` sink in
+    ``foreachBatch``. What hosting the instances costs with no operator work
+    (compare (h) run with ``--placement executor`` against it).
 
 (a), (b) and (c) write their output with the same parquet sink
 (``buffering.spark.ParquetSink``: ``{out}/batch_id=N``, overwrite), read back

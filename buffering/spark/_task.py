@@ -507,7 +507,7 @@ def recorded_context(storage: CheckpointStorage, version: int) -> BatchContext:
     )
 
 
-def tag_partition(plan: TaskPlan, host_keys: tuple[int, ...], output_schema: Any, batches: Iterator[Any]) -> Iterator[Any]:
+def tag_partition(host_keys: tuple[int, ...], output_schema: Any, batches: Iterator[Any]) -> Iterator[Any]:
     """Before the hosting operator (Arrow batches in and out): each row's HOST_COLUMN, plus heartbeats.
 
     HOST_COLUMN is the host key of the row's instance (OPERATOR_COLUMN, computed

@@ -404,7 +404,7 @@ class StreamRunner:
                 OPERATOR_COLUMN, F.expr(operator_index_sql(self.key_columns, self.parallelism, self.max_parallelism))
             )
             tagged = self._tagged(df.schema)
-            frame = frame.mapInArrow(functools.partial(_task.tag_partition, self.plan, keys, tagged), tagged)
+            frame = frame.mapInArrow(functools.partial(_task.tag_partition, keys, tagged), tagged)
         numpy_types = {"byte": "int8", "short": "int16", "integer": "int32", "long": "int64", "boolean": "bool"}
         dtypes = tuple(
             (f.name, numpy_types[f.dataType.typeName()])

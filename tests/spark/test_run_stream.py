@@ -301,18 +301,19 @@ def test_rerun_of_a_batch_committed_before_a_crash_keeps_its_manifest_and_sink_o
     pd.testing.assert_frame_equal(ours, all_rows(stats_reference, ["tweet"]), check_dtype=False)
 
 
+def expiring(key, rows, state):
+    """A key's rows counted, "seen" each batch it has rows; 1 ms of processing time later it is "expired"."""
+    if state.hasTimedOut:
+        state.remove()
+        yield pd.DataFrame({"tweet": [key[0]], "event": ["expired"]})
+        return
+    state.update((sum(len(pdf) for pdf in rows),))
+    state.setTimeoutDuration(1)
+    yield pd.DataFrame({"tweet": [key[0]], "event": ["seen"]})
+
+
 @pytest.mark.parametrize("placement", ["batch", "executor"])
 def test_processing_time_timeout_fires_for_keys_without_new_rows(spark, tmp_path, placement):
-    def expiring(key, rows, state):
-        if state.hasTimedOut:
-            state.remove()
-            yield pd.DataFrame({"tweet": [key[0]], "event": ["expired"]})
-            return
-        n = sum(len(pdf) for pdf in rows)
-        state.update((n,))
-        state.setTimeoutDuration(1)
-        yield pd.DataFrame({"tweet": [key[0]], "event": ["seen"]})
-
     frames = [pd.DataFrame({"tweet": [1, 2], "user": [0, 0], "ts": [0, 0]}), pd.DataFrame({"tweet": [2], "user": [0], "ts": [1]})]
     source = write_batches(str(tmp_path / "in"), frames)
     out, _ = _run(spark, source, expiring, str(tmp_path / "ck"), output_schema="tweet long, event string", timeout="processing", placement=placement)
@@ -322,15 +323,6 @@ def test_processing_time_timeout_fires_for_keys_without_new_rows(spark, tmp_path
 
 @pytest.mark.parametrize("placement", ["batch", "executor"])
 def test_a_batch_whose_rows_are_all_filtered_out_upstream_still_runs_every_instance(spark, tmp_path, placement):
-    def expiring(key, rows, state):
-        if state.hasTimedOut:
-            state.remove()
-            yield pd.DataFrame({"tweet": [key[0]], "event": ["expired"]})
-            return
-        state.update((sum(len(pdf) for pdf in rows),))
-        state.setTimeoutDuration(1)
-        yield pd.DataFrame({"tweet": [key[0]], "event": ["seen"]})
-
     def at(n):  # microseconds: Spark reads no nanosecond parquet timestamps
         return pd.Series(pd.Timestamp("2024-01-01", tz="UTC"), index=range(n)).astype("datetime64[us, UTC]")
 

@@ -23,9 +23,11 @@ Measured in the same process, alternating, best of ``--repeat``:
 ``overhead per call = (runner - loop) / calls``: everything opbuffer adds
 per key and batch (grouping rows by key, state reads and writes through the
 cache, the GroupState object, output validation and concatenation, the
-checkpoint). Target (issue 15): <= 10 us per call at 100k tweets. The
-harness's ``(harness - loop) / calls`` beside it is what grouping and joining
-per-key frames costs with pandas alone, the same run.
+checkpoint). Target (issue 15): <= 10 us per call at 100k tweets. Beside
+it, the harness's own time per call (``harness - inside``, the same run) is
+what grouping and joining per-key frames costs with pandas alone; its
+``(harness - loop) / calls`` also holds the function's own slowdown on
+groupby's frames (they keep the batch's index).
 
 Both variants call the function through the same timing wrapper, so each
 run also measures the time spent inside it: ``runner - inside`` is a second,

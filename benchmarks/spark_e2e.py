@@ -40,11 +40,11 @@ The variants (each with fresh checkpoint and output directories):
     that reads every chunk and does nothing else; ``noop`` sink. What (c)
     costs with no operator work at all.
 (i) the ceiling of (h) with ``--placement executor``: the plan
-    ``placement="executor"`` runs without a combine (operator index, a
-    ``mapInArrow`` adding each row's host key, ``groupBy(host)
-    .applyInPandasWithState`` in update mode with Spark's state store, one
-    group per instance; without the few heartbeat rows a batch adds) with a
-    hosted function that reads its rows and yields nothing; ``noop`` sink in
+    ``placement="executor"`` runs without a combine (operator index, its
+    ``mapInArrow`` adding each row's host key and the heartbeats,
+    ``groupBy(host).applyInPandasWithState`` in update mode with Spark's
+    state store, one group per instance) with a hosted function that reads
+    its rows and yields nothing; ``noop`` sink in
     ``foreachBatch``. What hosting the instances costs with no operator work
     (compare (h) run with ``--placement executor`` against it).
 
@@ -86,6 +86,7 @@ after every run (others use the machine).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -186,20 +187,6 @@ def _read_only(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         pass
     return
     yield  # a generator
-
-
-def _host_tagger(keys: tuple[int, ...]) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """(i)'s mapInArrow: each row's host key (the key of its instance), as ``placement="executor"`` adds it."""
-
-    def tag(batches: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
-
-        host = np.asarray(keys, dtype=np.int64)
-        for batch in batches:
-            ops = batch.column(batch.schema.get_field_index("op")).to_numpy(zero_copy_only=False)
-            yield batch.append_column("host", pa.array(host[ops], pa.int64()))
-
-    return tag
 
 
 def _hosted_read_only(key: Any, frames: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
@@ -411,19 +398,20 @@ def run_variant(case: Case, variant: str) -> dict[str, Any]:
     elif variant == "i":
         from pyspark.sql import functions as F
         from pyspark.sql.streaming.state import GroupStateTimeout
-        from pyspark.sql.types import LongType, StructField, StructType
 
         from buffering.spark._plan import operator_index_sql
-        from buffering.spark.stream import host_keys
+        from buffering.spark._task import HOST_COLUMN, OPERATOR_COLUMN, tag_partition
+        from buffering.spark.stream import StreamRunner, host_keys
 
         parallelism = args.parallelism
         keys = host_keys(case.spark, parallelism, parallelism)
 
         def hosted() -> Any:
-            frame = case.stream().withColumn("op", F.expr(operator_index_sql(["tweet"], parallelism, DEFAULT_MAX_PARALLELISM)))
-            schema = StructType([*frame.schema.fields, StructField("host", LongType())])  # add() would change frame's
-            tagged = frame.mapInArrow(_host_tagger(keys), schema)
-            return (tagged.groupBy("host")
+            stream = case.stream()
+            index = F.expr(operator_index_sql(["tweet"], parallelism, DEFAULT_MAX_PARALLELISM))
+            tagged = StreamRunner._tagged(stream.schema)
+            frame = stream.withColumn(OPERATOR_COLUMN, index).mapInArrow(functools.partial(tag_partition, keys, tagged), tagged)
+            return (frame.groupBy(HOST_COLUMN)
                     .applyInPandasWithState(_hosted_read_only, "n long", "unused int", "Update", GroupStateTimeout.NoTimeout)
                     .writeStream.outputMode("update")
                     .foreachBatch(lambda batch_df, batch_id: batch_df.write.format("noop").mode("overwrite").save()))
@@ -684,7 +672,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
              "registers), update mode, RocksDB state store, ParquetSink",
         "f": "foreachBatch: (c)'s map-side SQL combine (groupBy(tweet).agg(count, hll_sketch_agg)), operator index, "
              "repartitionById, a mapInPandas that reads every chunk and yields nothing, noop",
-        "i": "placement='executor''s plan without a combine: operator index, mapInArrow adding the host key, "
+        "i": "placement='executor''s plan without a combine: operator index, its mapInArrow adding the host key and heartbeats, "
              "groupBy(host).applyInPandasWithState (update, Spark's state store) reading every chunk and yielding "
              "nothing, foreachBatch noop",
         "timed": "query build + start .. awaitTermination() returns",

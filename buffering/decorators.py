@@ -96,7 +96,6 @@ class StateConfig:
                 reason
                 for reason, present in (
                     (f"ttl_ms={self.ttl_ms!r} (expiries are per key)", self.ttl_ms is not None),
-                    ("low_watermark/high_watermark (key groups are written back whole)", self.low_watermark is not None),
                     (f"policy={self.policy!r} (key groups are evicted least recently used)", self.policy != "lru"),
                 )
                 if present
@@ -267,8 +266,10 @@ def cached_state(
     instance's state (the bounds evict whole key groups). A tumbling or
     hopping windowed aggregate keeps each window's entry in its key's block
     (closing windows reads and deletes them as byte ranges); session windows
-    keep the per-key layout. Blocks take no ``ttl_ms``, watermarks, other
-    policy or ``memory_budget``. Either layout restores a checkpoint written
+    keep the per-key layout. Blocks take the bounds, the watermarks (dirty
+    key groups written back whole, least recently modified first) and a
+    runner's ``memory_budget`` as the per-key layout does, but no ``ttl_ms``
+    and no policy other than LRU. Either layout restores a checkpoint written
     with the other (converted as it is read).
     """
     config = StateConfig(max_entries, max_bytes, policy, store, path, low_watermark, high_watermark, ttl_ms, layout)

@@ -353,12 +353,15 @@ class OperatorInstance:
                 "cached_state(layout='key_group') keeps its blocks in a RocksDB working store: use store='rocksdb' "
                 "or a checkpoint location"
             )
-        if manager is not None:
-            raise ValueError(
-                f"cached_state(layout='key_group') takes no memory_budget ({manager.max_bytes} bytes): bound it "
-                "with cached_state(max_entries=..., max_bytes=...)"
-            )
-        return KeyGroupCache(table, max_entries=config.max_entries, max_bytes=config.max_bytes, name=name)
+        return KeyGroupCache(
+            table,
+            max_entries=config.max_entries,
+            max_bytes=config.max_bytes,
+            low_watermark=config.low_watermark,
+            high_watermark=config.high_watermark,
+            manager=manager,
+            name=name,
+        )
 
     @property
     def state_table(self) -> Store:

@@ -39,15 +39,19 @@ from __future__ import annotations
 import struct
 import weakref
 from collections import OrderedDict
-from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple, Optional, Sequence
 
 import numpy as np
 
 from .base import MISSING, Store, StoreClosedError
 from .cache.malloc import pin_mmap_threshold, release_free_memory
+from .cache.writeback import check_watermarks
 from .keys import NormalizedKey, decode_key, normalize_keys
 from .raw import KEY_GROUP_BYTES
 from .rocksdb import RocksDBStore
+
+if TYPE_CHECKING:
+    from .cache.manager import CacheManager
 
 #: A write-back of many key groups goes to RocksDB in write batches of about this many bytes.
 WRITE_BATCH_BYTES = 4 << 20
@@ -336,6 +340,16 @@ class _KeyGroup:
         return out
 
 
+#: No watermark level on this measure (no bound on it).
+_NO_LEVEL = float("inf")
+
+
+def _check_bounds(max_entries: Any, max_bytes: Any) -> None:
+    for label, bound in (("max_entries", max_entries), ("max_bytes", max_bytes)):
+        if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int) or bound < 1):
+            raise ValueError(f"{label} must be a positive int or None, got {bound!r}")
+
+
 class _Located(NamedTuple):
     """Keys of one key group in a call: the group, their positions in the call, raw keys, rows then."""
 
@@ -364,6 +378,19 @@ class KeyGroupCache(Store):
     :meth:`flush` writes back every dirty key group, in write batches of about
     :data:`WRITE_BATCH_BYTES` (the table records the block keys as changes).
 
+    Watermarks (``low_watermark < high_watermark``, fractions of the bounds)
+    keep that flush short, as ``WriteBackCache``'s do: after each call, when
+    the dirty key groups hold more than ``high_watermark`` of ``max_entries``
+    (entries) or of ``max_bytes`` (bytes), the least recently modified dirty
+    ones are written back (and stay held, clean) until they hold at most
+    ``low_watermark`` of it. A key group is written back whole, so a group
+    changed again after its sync is written again.
+
+    With a ``manager`` (a :class:`~state.cache.CacheManager`), the manager
+    grants the byte bound and changes it as the process's memory allows
+    (:meth:`resize`); the cache shares one budget with the manager's other
+    caches.
+
     Complexity: reading or writing k keys of g key groups is O(k) Python (an
     index lookup each) plus numpy copies of their bytes, plus for each of the g
     groups not held one range scan and O(entries of the group) to index it; a
@@ -378,23 +405,34 @@ class KeyGroupCache(Store):
         *,
         max_entries: Optional[int] = None,
         max_bytes: Optional[int] = None,
+        low_watermark: Optional[float] = None,
+        high_watermark: Optional[float] = None,
+        manager: Optional["CacheManager"] = None,
         name: str = "state",
     ) -> None:
         if not isinstance(table, RocksDBStore):
             raise TypeError(f"KeyGroupCache keeps its blocks in a RocksDBStore table, got {type(table).__name__}")
-        for label, bound in (("max_entries", max_entries), ("max_bytes", max_bytes)):
-            if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int) or bound < 1):
-                raise ValueError(f"{label} must be a positive int or None, got {bound!r}")
+        _check_bounds(max_entries, max_bytes)
+        check_watermarks(
+            low_watermark, high_watermark, bounded=not (max_entries is None and max_bytes is None and manager is None)
+        )
         super().__init__(
             name=table.name, max_parallelism=table.max_parallelism, key_types=table.key_types, serializer=table.serializer
         )
         self.cache_name = name
-        if max_bytes is not None:
+        if max_bytes is not None or manager is not None:
             pin_mmap_threshold()  # its blocks are large allocations: freed ones must leave the process
         self._table = table
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self._groups: OrderedDict[bytes, _KeyGroup] = OrderedDict()
+        # The dirty key groups, least recently modified first, and the entries and bytes they hold.
+        self._dirty: OrderedDict[bytes, None] = OrderedDict()
+        self._dirty_entries = 0
+        self._dirty_bytes = 0
+        self._low = low_watermark
+        self._high = high_watermark
+        self._watermark_levels = (_NO_LEVEL, _NO_LEVEL, _NO_LEVEL, _NO_LEVEL)
         # Entries and bytes of the held groups, kept as they change (a sum over the groups after each
         # key group of a call would cost O(groups) there: 32768 key groups make that quadratic).
         self._held_entries = 0
@@ -406,6 +444,15 @@ class KeyGroupCache(Store):
         self._evictions = 0
         self._writes = 0
         self._write_batches = 0
+        self._syncs = 0
+        self._set_watermark_levels()
+        self._manager: Optional["CacheManager"] = manager
+        if manager is not None:
+            try:
+                manager.register(self)  # grants the byte bound through resize()
+            except BaseException:
+                self._manager = None
+                raise
 
     # ------------------------------------------------------------ key groups
     @property
@@ -454,15 +501,38 @@ class KeyGroupCache(Store):
         self._groups[prefix] = group
         self._held_entries += len(group)
         self._held_bytes += group.memory_bytes()
+        if group.dirty:
+            self._touched(prefix, group)
         return group
 
     def _changing(self, group: _KeyGroup) -> tuple[int, int]:
         return len(group), group.memory_bytes()
 
-    def _changed(self, group: _KeyGroup, before: tuple[int, int]) -> None:
+    def _changed(self, prefix: bytes, group: _KeyGroup, before: tuple[int, int]) -> None:
         """Account for a held group's change since ``before`` (its :meth:`_changing`)."""
-        self._held_entries += len(group) - before[0]
-        self._held_bytes += group.memory_bytes() - before[1]
+        entries, size = len(group) - before[0], group.memory_bytes() - before[1]
+        self._held_entries += entries
+        self._held_bytes += size
+        if prefix in self._dirty:
+            self._dirty_entries += entries
+            self._dirty_bytes += size
+
+    def _touched(self, prefix: bytes, group: _KeyGroup) -> None:
+        """After a write to a held group: if it made the group dirty, the group is the most recently modified."""
+        if prefix in self._dirty:
+            self._dirty.move_to_end(prefix)
+        elif group.dirty:
+            self._dirty[prefix] = None
+            self._dirty_entries += len(group)
+            self._dirty_bytes += group.memory_bytes()
+
+    def _cleaned(self, prefix: bytes, group: _KeyGroup) -> None:
+        """A dirty group was written back: clean, no longer counted as dirty."""
+        group.dirty = False
+        if prefix in self._dirty:
+            del self._dirty[prefix]
+            self._dirty_entries -= len(group)
+            self._dirty_bytes -= group.memory_bytes()
 
     def _locate(self, nkeys: Sequence[NormalizedKey]) -> tuple[list[bytes], list[tuple[bytes, np.ndarray]]]:
         """The raw keys of ``nkeys`` and, per key group, its prefix and the positions of its keys."""
@@ -487,7 +557,9 @@ class KeyGroupCache(Store):
         length per key in order (length -1: no value)."""
         self._check_open()
         raw_keys, located = self._locate(nkeys)
-        return self._gather(raw_keys, located)[:3]
+        values = self._gather(raw_keys, located)[:3]
+        self._sync_dirty()  # a key group read with per-key records over its block is dirty (folded)
+        return values
 
     def _gather(self, raw_keys: list[bytes], located: list[tuple[bytes, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[_Located]]:
         """The values of the located keys in one buffer, and where each key group's keys were found.
@@ -529,9 +601,15 @@ class KeyGroupCache(Store):
             before = self._changing(group)
             rows = part.rows if part.group() is group else None  # looked up again if it was evicted meanwhile
             group.put(part.keys, source, starts[part.at], lengths[part.at], rows)
-            self._changed(group, before)
+            self._changed(part.prefix, group, before)
+            self._touched(part.prefix, group)
             del group
             self._bound()
+        # After the call, not after each key group: a sync compacts the groups it writes back, and
+        # rows located for the groups still to come must stay valid.
+        self._sync_dirty()
+        if self._manager is not None:
+            self._manager.maybe_rebalance()  # rate-limited: a clock read between rebalances
 
     def update_values(
         self,
@@ -585,6 +663,55 @@ class KeyGroupCache(Store):
         """Bytes of the key groups held in memory (values, spare buffer room, ROW_OVERHEAD_BYTES a row)."""
         return self._held_bytes
 
+    @property
+    def sized(self) -> bool:
+        """Always: the bytes of the held blocks are counted as they change, so it takes a byte bound or a
+        manager's at any time."""
+        return True
+
+    def resize(self, *, max_entries: Any = ..., max_bytes: Any = ...) -> None:
+        """Change the bounds (``...`` keeps one; None drops one), then evict and sync down to them at once."""
+        entries = self.max_entries if max_entries is ... else max_entries
+        size = self.max_bytes if max_bytes is ... else max_bytes
+        _check_bounds(entries, size)
+        if self._high is not None and entries is None and size is None:
+            raise ValueError(f"cache {self.cache_name!r} has watermarks, which are fractions of a bound: keep one")
+        if size is not None:
+            pin_mmap_threshold()
+        self.max_entries, self.max_bytes = entries, size
+        self._set_watermark_levels()
+        self._bound()
+        self._sync_dirty()
+
+    def _set_watermark_levels(self) -> None:
+        """The dirty entries and bytes above which a sync starts (high) and down to which it goes (low)."""
+        if self._high is None or self._low is None:
+            return
+        entries, size = self.max_entries, self.max_bytes
+        self._watermark_levels = (
+            _NO_LEVEL if entries is None else self._high * entries,
+            _NO_LEVEL if size is None else self._high * size,
+            _NO_LEVEL if entries is None else self._low * entries,
+            _NO_LEVEL if size is None else self._low * size,
+        )
+
+    def _sync_dirty(self) -> None:
+        """Above the high watermark: write back the least recently modified dirty groups down to the low one."""
+        high_entries, high_bytes, low_entries, low_bytes = self._watermark_levels
+        if self._dirty_entries <= high_entries and self._dirty_bytes <= high_bytes:
+            return
+        entries, size = self._dirty_entries, self._dirty_bytes
+        out: list[bytes] = []
+        for prefix in self._dirty:
+            if entries <= low_entries and size <= low_bytes:
+                break
+            group = self._groups[prefix]
+            out.append(prefix)
+            entries -= len(group)
+            size -= group.memory_bytes()
+        self._write_back([(p, self._groups[p]) for p in out])
+        self._syncs += len(out)
+
     def _bound(self) -> None:
         """Evict least recently used key groups until within the bounds (dirty ones written back first).
         Bounds hold per key group: one larger than a bound is evicted after each use."""
@@ -602,7 +729,7 @@ class KeyGroupCache(Store):
             size -= group.memory_bytes()
         if not out:
             return
-        self._write_back([(p, self._groups[p]) for p in out if self._groups[p].dirty])
+        self._write_back([(p, self._groups[p]) for p in out if p in self._dirty])
         for prefix in out:
             group = self._groups.pop(prefix)
             self._held_entries -= len(group)
@@ -616,21 +743,22 @@ class KeyGroupCache(Store):
         the new count), in write batches of about WRITE_BATCH_BYTES; a group is clean once its batch is
         written."""
         pairs: list[tuple[bytes, Optional[bytes]]] = []
-        written: list[tuple[_KeyGroup, int]] = []
+        written: list[tuple[bytes, _KeyGroup, int]] = []
         pending = 0
         for i, (prefix, group) in enumerate(groups):
             pairs.extend((raw_key, None) for raw_key in group.folded)
             before = self._changing(group)
             records = group.records()  # compacts: the group holds less
-            self._changed(group, before)
+            self._changed(prefix, group, before)
             pairs.extend((block_key(prefix, r), value) for r, value in enumerate(records))
             pairs.extend((block_key(prefix, r), None) for r in range(len(records), group.stored))
             pending += sum(map(len, records))
-            written.append((group, len(records)))
+            written.append((prefix, group, len(records)))
             if pending >= WRITE_BATCH_BYTES or i == len(groups) - 1:
                 self._table.write_raw(pairs, track=True)
-                for done, stored in written:
-                    done.stored, done.dirty, done.folded = stored, False, []
+                for done_prefix, done, stored in written:
+                    done.stored, done.folded = stored, []
+                    self._cleaned(done_prefix, done)
                 self._write_batches += 1
                 self._writes += len(written)
                 pairs, written, pending = [], [], 0
@@ -639,14 +767,14 @@ class KeyGroupCache(Store):
         """Write back every dirty key group (write batches of about WRITE_BATCH_BYTES); with ``durable``
         also flush the table."""
         self._check_open()
-        self._write_back([(p, g) for p, g in self._groups.items() if g.dirty])
+        self._write_back([(p, self._groups[p]) for p in self._dirty])
         if durable:
             self._table.flush()
 
     @property
     def dirty_groups(self) -> int:
         """Key groups held with changes not yet written back to the table."""
-        return sum(1 for g in self._groups.values() if g.dirty)
+        return len(self._dirty)
 
     def rebind(self, table: RocksDBStore) -> None:
         """Point a flushed cache at ``table``: the same store reopened (its contents must be unchanged)."""
@@ -666,12 +794,12 @@ class KeyGroupCache(Store):
             "dirty": self.dirty_groups,
             "entries": self.held_entries(),
             "key_groups": len(self._groups),
-            "syncs": 0,
+            "syncs": self._syncs,
             "writes": self._writes,
             "write_batches": self._write_batches,
             "max_entries": self.max_entries,
             "max_bytes": self.max_bytes,
-            "granted_bytes": None,
+            "granted_bytes": self.max_bytes if self._manager is not None else None,
             "estimated_bytes": self.estimated_bytes(),
             "layout": "key_group",
         }
@@ -760,6 +888,9 @@ class KeyGroupCache(Store):
             return
         self.flush(durable=True)
         self._closed = True
+        if self._manager is not None:
+            self._manager.unregister(self)
+            self._manager = None
         self._groups.clear()
         self._held_entries = self._held_bytes = 0
         self._table.close()

@@ -4,6 +4,7 @@ from .estimator import MemoryEstimator, deep_sizeof
 from .manager import (
     CacheManager,
     GCTimeMonitor,
+    ManagedCache,
     MemoryReading,
     check_memory_budget,
     current_rss_bytes,
@@ -11,7 +12,7 @@ from .manager import (
     shared_manager,
 )
 from .policies import POLICIES, CachePolicy, ClockPolicy, LFUPolicy, LRUPolicy, check_policy_spec, make_policy
-from .writeback import StateSerializationError, UnsizedWriteBackCache, WatermarkedWriteBackCache, WriteBackCache
+from .writeback import StateSerializationError, UnsizedWriteBackCache, WatermarkedWriteBackCache, WriteBackCache, check_watermarks
 
 __all__ = [
     "CacheManager",
@@ -20,6 +21,7 @@ __all__ = [
     "GCTimeMonitor",
     "LFUPolicy",
     "LRUPolicy",
+    "ManagedCache",
     "MemoryEstimator",
     "MemoryReading",
     "POLICIES",
@@ -29,6 +31,7 @@ __all__ = [
     "WriteBackCache",
     "check_memory_budget",
     "check_policy_spec",
+    "check_watermarks",
     "current_rss_bytes",
     "deep_sizeof",
     "default_memory_limit",

@@ -16,10 +16,32 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
-if TYPE_CHECKING:
-    from .writeback import WriteBackCache
+
+class ManagedCache(Protocol):
+    """What a :class:`CacheManager` asks of a cache it grants bytes to (``WriteBackCache``, ``KeyGroupCache``).
+
+    The cache registers itself (``manager.register(self)`` when built with a
+    manager) and unregisters when it closes; between the two the manager sets
+    its byte bound through :meth:`resize`, and the cache calls
+    :meth:`CacheManager.maybe_rebalance` now and then.
+    """
+
+    cache_name: str
+
+    @property
+    def sized(self) -> bool:
+        """Whether the cache measures its bytes (it can take a byte bound)."""
+        ...
+
+    def resize(self, *, max_entries: Any = ..., max_bytes: Any = ...) -> None:
+        """Change the bounds (``...`` keeps one) and evict down to them at once."""
+        ...
+
+    def stats(self) -> dict[str, Any]:
+        """Counters; the manager reads ``"loads"`` (loads from the store: what more memory would save)."""
+        ...
 
 
 def _page_size() -> int:
@@ -106,7 +128,7 @@ class MemoryReading:
 
 
 class CacheManager:
-    """One byte budget for every registered :class:`~state.WriteBackCache` in the process.
+    """One byte budget for every registered cache in the process (see :class:`ManagedCache`).
 
     Args:
         max_bytes: total bytes all caches may hold together.
@@ -167,8 +189,8 @@ class CacheManager:
         self.check_every = check_every
         self._probe = probe
         self._gc = GCTimeMonitor() if probe is None else None
-        self._caches: "weakref.WeakKeyDictionary[WriteBackCache, int]" = weakref.WeakKeyDictionary()
-        self._loads_seen: "weakref.WeakKeyDictionary[WriteBackCache, int]" = weakref.WeakKeyDictionary()
+        self._caches: "weakref.WeakKeyDictionary[ManagedCache, int]" = weakref.WeakKeyDictionary()
+        self._loads_seen: "weakref.WeakKeyDictionary[ManagedCache, int]" = weakref.WeakKeyDictionary()
         self._last_rebalance = float("-inf")
         self.rebalances = 0
         self.shrinks = 0
@@ -180,11 +202,11 @@ class CacheManager:
     def free_blocks(self) -> int:
         return self.total_blocks - sum(self._caches.values())
 
-    def _grant(self, cache: "WriteBackCache", blocks: int) -> None:
+    def _grant(self, cache: "ManagedCache", blocks: int) -> None:
         self._caches[cache] = blocks
         cache.resize(max_bytes=max(1, blocks * self.block_bytes))
 
-    def register(self, cache: "WriteBackCache") -> None:
+    def register(self, cache: "ManagedCache") -> None:
         """Give ``cache`` an equal share of the budget, taking blocks from the largest caches if needed."""
         if cache in self._caches:
             return
@@ -193,7 +215,6 @@ class CacheManager:
                 f"cache {cache.cache_name!r} was built without a byte bound or a manager, so it cannot take "
                 f"a share of this manager's bytes; build it with manager= (or max_bytes=)"
             )
-        cache._manager = self
         share = max(1, self.total_blocks // (len(self._caches) + 1))
         need = share - self.free_blocks
         for other in sorted(self._caches, key=lambda c: -self._caches[c]):
@@ -209,7 +230,6 @@ class CacheManager:
                     self._grant(other, self._caches[other] - 1)
                     break
             else:
-                cache._manager = None
                 raise ValueError(
                     f"CacheManager(max_bytes={self.max_bytes}) has {self.total_blocks} blocks of "
                     f"{self.block_bytes} bytes and {len(self._caches)} caches hold them all; "
@@ -218,12 +238,10 @@ class CacheManager:
         self._loads_seen[cache] = cache.stats()["loads"]
         self._grant(cache, min(share, self.free_blocks))
 
-    def unregister(self, cache: "WriteBackCache") -> None:
+    def unregister(self, cache: "ManagedCache") -> None:
         """Return the cache's blocks to the pool."""
         self._caches.pop(cache, None)
         self._loads_seen.pop(cache, None)
-        if cache._manager is self:
-            cache._manager = None
 
     # ------------------------------------------------------------ pressure
     def measure(self) -> MemoryReading:
@@ -269,7 +287,7 @@ class CacheManager:
         max_size = max(sizes.values()) or 1
         max_loads = max(recent.values()) or 1
 
-        def weight(cache: "WriteBackCache") -> float:
+        def weight(cache: "ManagedCache") -> float:
             # Normalized so that bytes and load counts weigh alike.
             return sizes[cache] / max_size - recent[cache] / max_loads
 
@@ -296,7 +314,7 @@ class CacheManager:
         return changed
 
     # ------------------------------------------------------------ reporting
-    def blocks_of(self, cache: "WriteBackCache") -> int:
+    def blocks_of(self, cache: "ManagedCache") -> int:
         return self._caches.get(cache, 0)
 
     def stats(self) -> dict[str, Any]:

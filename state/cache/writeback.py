@@ -86,6 +86,23 @@ def _check_fraction(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be a fraction in (0, 1], got {value!r}")
 
 
+def check_watermarks(low_watermark: Any, high_watermark: Any, *, bounded: bool) -> None:
+    """ValueError naming the value unless the watermarks are both None, or fractions ``0 < low < high <= 1``
+    of a cache with a bound (``bounded``: max_entries, max_bytes or a manager)."""
+    if (low_watermark is None) != (high_watermark is None):
+        raise ValueError(
+            f"give both low_watermark and high_watermark or neither, got low={low_watermark!r} high={high_watermark!r}"
+        )
+    if low_watermark is None:
+        return
+    _check_fraction("low_watermark", low_watermark)
+    _check_fraction("high_watermark", high_watermark)
+    if not low_watermark < high_watermark:
+        raise ValueError(f"low_watermark {low_watermark!r} must be below high_watermark {high_watermark!r}")
+    if not bounded:
+        raise ValueError("watermarks are fractions of capacity: set max_entries, max_bytes or a manager")
+
+
 class WriteBackCache(Store):
     """A bounded write-back cache over ``backend`` with the :class:`~state.Store` interface.
 
@@ -149,17 +166,7 @@ class WriteBackCache(Store):
         _check_size("max_bytes", max_bytes)
         _check_size("sync_step", sync_step)
         _check_size("write_batch_entries", write_batch_entries)
-        if (low_watermark is None) != (high_watermark is None):
-            raise ValueError(
-                f"give both low_watermark and high_watermark or neither, got low={low_watermark!r} high={high_watermark!r}"
-            )
-        if low_watermark is not None:
-            _check_fraction("low_watermark", low_watermark)
-            _check_fraction("high_watermark", high_watermark)
-            if not low_watermark < high_watermark:  # type: ignore[operator]
-                raise ValueError(f"low_watermark {low_watermark!r} must be below high_watermark {high_watermark!r}")
-            if max_entries is None and max_bytes is None and manager is None:
-                raise ValueError("watermarks are fractions of capacity: set max_entries, max_bytes or a manager")
+        check_watermarks(low_watermark, high_watermark, bounded=not (max_entries is None and max_bytes is None and manager is None))
         super().__init__(
             name=backend.name,
             max_parallelism=backend.max_parallelism,
@@ -210,9 +217,13 @@ class WriteBackCache(Store):
         self._syncs = self._writes = self._write_batches = self._inserts = 0
         self._capacity = _UNBOUNDED
         self._high_n = self._low_n = _UNBOUNDED
-        self._manager: "CacheManager | None" = None
+        self._manager: "CacheManager | None" = manager
         if manager is not None:
-            manager.register(self)  # sets the byte budget through resize()
+            try:
+                manager.register(self)  # sets the byte budget through resize()
+            except BaseException:
+                self._manager = None
+                raise
         else:
             self._recompute_capacity()
 
@@ -713,6 +724,7 @@ class WriteBackCache(Store):
         self._closed = True
         if self._manager is not None:
             self._manager.unregister(self)
+            self._manager = None
         self._policy.clear()
         self._last = _NOT_CACHED
         self._backend.close()

@@ -156,7 +156,6 @@ def test_the_state_reads_back_per_key(tmp_path):
     "kwargs, named",
     [
         ({"ttl_ms": 1_000}, "ttl_ms=1000"),
-        ({"max_entries": 10, "low_watermark": 0.5, "high_watermark": 0.8}, "low_watermark"),
         ({"max_entries": 10, "policy": "lfu"}, "policy='lfu'"),
     ],
 )
@@ -165,11 +164,36 @@ def test_settings_the_layout_cannot_keep_are_refused_naming_them(kwargs, named):
         cached_state(store="rocksdb", layout="key_group", **kwargs)
 
 
-def test_a_memory_budget_is_refused_with_the_layout(tmp_path):
-    op = cached_state(store="rocksdb", layout="key_group")(aggregate({"n": Count()}))
-    runner = LocalRunner(op, key="k", clock=Clock(), checkpoint_location=tmp_path / "ck", memory_budget=64 << 20)
-    with pytest.raises(ValueError, match="memory_budget"):
-        runner.process(batches(n=1)[0])
+def _run_with(location, frames, layout: str, parallelism: int = 3, memory_budget=None, **state) -> tuple[list, list]:
+    """Outputs of ``frames`` through aggregate(AGGS) with ``cached_state(**state)``, and each instance's cache stats."""
+    op = cached_state(store="rocksdb", layout=layout, **state)(aggregate(AGGS))
+    runner = LocalRunner(op, key="k", parallelism=parallelism, clock=Clock(), checkpoint_location=location,
+                         memory_budget=memory_budget)
+    outputs = [runner.process(f) for f in frames]
+    stats = [instance.cache.stats() for instance in runner.instances]
+    runner.close()
+    return outputs, stats
+
+
+def test_watermarks_sync_key_groups_and_change_nothing_of_the_outputs_or_checkpoints(tmp_path):
+    frames = batches(12)
+    bounds = {"max_entries": 40, "low_watermark": 0.2, "high_watermark": 0.5}
+    expected, _ = _run_with(tmp_path / "key", frames, "key", **bounds)
+    got, stats = _run_with(tmp_path / "key_group", frames, "key_group", **bounds)
+    assert sum(s["syncs"] for s in stats) > 0
+    pd.testing.assert_frame_equal(with_batch(got), with_batch(expected))
+    assert checkpoint_table(tmp_path / "key_group") == checkpoint_table(tmp_path / "key")
+
+
+def test_the_instances_share_a_runners_memory_budget(tmp_path):
+    frames = batches(13)
+    budget = 1 << 20
+    expected, _ = _run_with(tmp_path / "key", frames, "key", memory_budget=budget)
+    got, stats = _run_with(tmp_path / "key_group", frames, "key_group", memory_budget=budget)
+    granted = [s["granted_bytes"] for s in stats]
+    assert all(g is not None and g > 0 for g in granted) and sum(granted) <= budget
+    pd.testing.assert_frame_equal(with_batch(got), with_batch(expected))
+    assert checkpoint_table(tmp_path / "key_group") == checkpoint_table(tmp_path / "key")
 
 
 def test_the_layout_needs_a_rocksdb_working_store():

@@ -144,6 +144,23 @@ def test_aggregate_in_key_group_blocks_gives_the_rows_of_the_per_key_layout(spar
     )
 
 
+def test_key_group_blocks_take_watermarks_and_a_memory_budget(spark, input_dir, tmp_path):
+    budget = 64 << 20
+    rows, queries = {}, {}
+    for layout, extra in (("key", {}), ("key_group", {"memory_budget": budget})):
+        operator = buffering.cached_state(max_entries=8, store="rocksdb", layout=layout, low_watermark=0.25, high_watermark=0.5)(
+            buffering.aggregate({"views": Count(), "viewers": ApproxDistinct("user", lg_k=12)})
+        )
+        out: list = []
+        _, queries[layout] = _run(spark, input_dir, operator, str(tmp_path / f"ck-{layout}"), output_schema=None,
+                                  sink=collect_sink(out), **extra)
+        rows[layout] = all_rows(out, ["tweet"])
+    pd.testing.assert_frame_equal(rows["key_group"], rows["key"])
+    instances = [p for m in queries["key_group"].batch_metrics for p in m.per_instance]
+    assert all(0 < p["cache_granted_bytes"] <= budget for p in instances)
+    assert sum(p["cache_syncs"] for p in instances) > 0
+
+
 def test_dedup_equals_apply_in_pandas_with_state(spark, input_dir, tmp_path):
     schema = "user long, tweet long"
     ref = reference_apply_in_pandas_with_state(

@@ -75,17 +75,19 @@ def make_cache(make_backend) -> Iterator[Callable[..., WriteBackCache]]:
             pass
 
 
-ANY_STORES = ["memory-plain", "memory-cache", "rocksdb-plain", "rocksdb-cache", "rocksdb-key_groups"]
+ANY_STORES = ["memory-plain", "memory-cache", "rocksdb-plain", "rocksdb-cache", "rocksdb-key_groups", "rocksdb-synced_key_groups"]
 
 
 @pytest.fixture(params=ANY_STORES)
 def any_store(request, make_backend) -> Store:
-    """Every backend, bare and behind a small WriteBackCache, and a small KeyGroupCache over RocksDB
-    (caches must look like stores)."""
+    """Every backend, bare and behind a small WriteBackCache, and a small KeyGroupCache over RocksDB,
+    without and with watermarks (caches must look like stores)."""
     kind, wrapper = request.param.split("-")
     backend = make_backend(kind)
     if wrapper == "plain":
         return backend
     if wrapper == "cache":
         return WriteBackCache(backend, max_entries=2)
+    if wrapper == "synced_key_groups":
+        return KeyGroupCache(backend, max_entries=4, low_watermark=0.25, high_watermark=0.5)
     return KeyGroupCache(backend, max_entries=2)

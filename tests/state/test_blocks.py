@@ -201,3 +201,143 @@ def test_the_held_entries_and_bytes_it_reports_are_those_of_the_key_groups_it_ho
         assert cache.held_entries() == sum(len(g) for g in held)
         assert cache.estimated_bytes() == sum(g.memory_bytes() for g in held)
         assert cache.held_entries() <= 120 or len(held) == 1
+
+
+# ------------------------------------------------------------------ watermarks
+
+
+def _dirty_totals(cache):
+    dirty = [cache._groups[p] for p in cache._dirty]
+    return sum(len(g) for g in dirty), sum(g.memory_bytes() for g in dirty)
+
+
+def test_above_the_high_watermark_the_oldest_dirty_key_groups_are_written_back_down_to_the_low_one(table):
+    cache = KeyGroupCache(table, max_entries=1_000, low_watermark=0.2, high_watermark=0.5)
+    for start in range(0, 800, 40):  # 40 new keys a call, over all 8 key groups
+        cache.put_many([(k, k) for k in range(start, start + 40)])
+        assert _dirty_totals(cache)[0] <= 500
+    stats = cache.stats()
+    assert stats["syncs"] > 0 and stats["evictions"] == 0
+    assert _dirty_totals(cache)[0] <= 500
+    assert cache.held_entries() == 800  # synced key groups stay held, clean
+    written = {key for raw_key, value in _records(table) if is_block_key(raw_key) for key in decode_block(value)[0]}
+    assert len(written) >= 800 - 500  # what was synced is in the table before any flush
+    cache.flush()
+    assert cache.get_many(range(800)) == list(range(800))
+
+
+def test_a_sync_writes_the_least_recently_modified_key_groups(table):
+    cache = KeyGroupCache(table, max_entries=100, low_watermark=0.3, high_watermark=0.6)
+    groups = {}
+    for k in range(400):
+        groups.setdefault(cache.key_group(k), []).append(k)
+    first, second, third = (groups[g][:25] for g in sorted(groups)[:3])
+    cache.put_many((k, 1) for k in first)
+    cache.put_many((k, 1) for k in second)
+    assert cache.stats()["syncs"] == 0  # 50 dirty entries: at the high watermark, not above
+    cache.put_many((k, 1) for k in third)  # 75 > 60: the oldest (first) goes, then 50 > 30: the second too
+    assert cache.stats()["syncs"] == 2
+    assert list(cache._dirty) == [cache._table.raw_keys([(third[0],)])[0][:2]]
+
+
+def test_watermarks_on_bytes_keep_the_dirty_bytes_under_the_high_one(table):
+    cache = KeyGroupCache(table, max_bytes=200_000, low_watermark=0.25, high_watermark=0.5)
+    for start in range(0, 600, 30):
+        cache.put_many([(k, b"x" * 300) for k in range(start, start + 30)])
+        assert _dirty_totals(cache)[1] <= 100_000
+        assert cache.estimated_bytes() <= 200_000
+    assert cache.stats()["syncs"] > 0
+    assert cache.get_many([0, 599]) == [b"x" * 300] * 2
+
+
+def test_a_key_group_larger_than_the_high_watermark_is_written_back_after_each_call(table):
+    cache = KeyGroupCache(table, max_entries=100, low_watermark=0.1, high_watermark=0.2)
+    same_group = [k for k in range(2_000) if cache.key_group(k) == 3][:30]
+    for round_ in range(3):
+        cache.put_many((k, round_) for k in same_group)
+        assert cache.dirty_groups == 0
+    assert cache.stats()["syncs"] == 3
+    assert cache.get_many(same_group) == [2] * len(same_group)
+
+
+def test_the_dirty_totals_watermarks_check_do_not_drift(table):
+    rng = np.random.default_rng(11)
+    cache = KeyGroupCache(table, max_entries=150, max_bytes=60_000, low_watermark=0.3, high_watermark=0.6)
+    for step in range(80):
+        keys = rng.integers(0, 500, int(rng.integers(1, 60))).tolist()
+        if step % 5 == 4:
+            cache.delete_many(set(keys))
+        elif step % 9 == 8:
+            cache.flush()
+        else:
+            cache.put_many((k, b"v" * int(rng.integers(1, 300))) for k in keys)
+        cache.get_many(rng.integers(0, 500, 10).tolist())
+        entries, size = _dirty_totals(cache)
+        assert (cache._dirty_entries, cache._dirty_bytes) == (entries, size)
+        assert entries <= 0.6 * 150 or cache.dirty_groups == 1
+        assert all(cache._groups[p].dirty for p in cache._dirty)
+        assert not any(g.dirty for p, g in cache._groups.items() if p not in cache._dirty)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"max_entries": 10, "low_watermark": 0.2}, "both low_watermark and high_watermark"),
+        ({"max_entries": 10, "low_watermark": 0.6, "high_watermark": 0.5}, "below high_watermark 0.5"),
+        ({"max_entries": 10, "low_watermark": 0.2, "high_watermark": 1.5}, "high_watermark must be a fraction in \\(0, 1\\], got 1.5"),
+        ({"low_watermark": 0.2, "high_watermark": 0.5}, "fractions of capacity"),
+    ],
+)
+def test_watermark_settings_are_checked_naming_the_value(table, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        KeyGroupCache(table, **kwargs)
+
+
+# ------------------------------------------------------------------ a manager's budget
+
+
+def _probe_manager(blocks: int, block_bytes: int = 16 << 10):
+    from state import CacheManager, MemoryReading
+
+    return CacheManager(blocks * block_bytes, block_bytes=block_bytes, min_interval_s=0.0,
+                        probe=lambda: MemoryReading(rss_bytes=70, limit_bytes=100, gc_time_share=0.0))
+
+
+def test_a_manager_grants_the_byte_bound_and_the_blocks_stay_under_it(tmp_path):
+    manager = _probe_manager(16)
+    store = RocksDBStore(tmp_path / "db", max_parallelism=8, table="a")
+    first = KeyGroupCache(store, manager=manager, name="a")
+    assert first.max_bytes == 16 * (16 << 10) and first.stats()["granted_bytes"] == first.max_bytes
+    for start in range(0, 3_000, 100):
+        first.put_many((k, b"x" * 200) for k in range(start, start + 100))
+        assert first.estimated_bytes() <= first.max_bytes
+    second = KeyGroupCache(store.table("b"), manager=manager, name="b")  # the budget is shared: the first shrinks
+    assert first.max_bytes + second.max_bytes <= manager.max_bytes
+    assert first.estimated_bytes() <= first.max_bytes
+    assert first.get_many([0, 2_999]) == [b"x" * 200] * 2
+    second.close()
+    assert manager.stats()["caches"].keys() == {"a"}
+    first.close()
+    assert not manager.stats()["caches"]
+
+
+def test_watermarks_follow_the_bytes_a_manager_grants(tmp_path):
+    manager = _probe_manager(8)
+    cache = KeyGroupCache(RocksDBStore(tmp_path / "db", max_parallelism=8, table="a"), manager=manager,
+                          low_watermark=0.2, high_watermark=0.4)
+    for start in range(0, 1_000, 50):
+        cache.put_many((k, b"x" * 100) for k in range(start, start + 50))
+        assert _dirty_totals(cache)[1] <= 0.4 * cache.max_bytes
+    cache.resize(max_bytes=cache.max_bytes // 2)  # the manager shrinking it: evicted and synced at once
+    assert cache.estimated_bytes() <= cache.max_bytes and _dirty_totals(cache)[1] <= 0.4 * cache.max_bytes
+    assert cache.stats()["syncs"] > 0
+    cache.close()
+
+
+def test_a_cache_with_watermarks_keeps_a_bound_when_resized(table):
+    cache = KeyGroupCache(table, max_entries=10, low_watermark=0.2, high_watermark=0.5)
+    with pytest.raises(ValueError, match="watermarks, which are fractions of a bound"):
+        cache.resize(max_entries=None)
+    with pytest.raises(ValueError, match="max_bytes must be a positive int or None, got 0"):
+        cache.resize(max_bytes=0)
+    assert (cache.max_entries, cache.max_bytes) == (10, None)  # refused: nothing changed

@@ -292,7 +292,7 @@ class OperatorInstance:
                 "instance keeps its state in memory: use cached_state(store='rocksdb') or a checkpoint location"
             )
         if config.layout == "key_group":
-            self.cache = self._key_group_cache(state_table, manager, f"state[{index}/{parallelism}]")
+            self.cache = self._make_cache(state_table, f"state[{index}/{parallelism}]", layout="key_group")
         elif self.processor is None and (
             config.cached or manager is not None or (config.store == "memory" and isinstance(state_table, RocksDBStore))
         ):
@@ -331,37 +331,26 @@ class OperatorInstance:
         self._pending_keys: set[NormalizedKey] = set()
         self.suspended = False
 
-    def _make_cache(self, table: Store, name: str) -> WriteBackCache:
-        """A cache in front of ``table`` with the operator's bounds (a manager, if any, grants the bytes)."""
+    def _make_cache(self, table: Store, name: str, layout: str = "key") -> WriteBackCache | KeyGroupCache:
+        """A cache in front of ``table`` with the operator's bounds and watermarks (a manager, if any, grants
+        the bytes): per key, or of key-group blocks for ``cached_state(layout="key_group")``."""
         config = self.spec.state
-        return WriteBackCache(
-            table,
+        settings: dict[str, Any] = dict(
             max_entries=config.max_entries,
             max_bytes=config.max_bytes,
-            policy=config.policy,
             low_watermark=config.low_watermark,
             high_watermark=config.high_watermark,
             manager=self._manager,
             name=name,
         )
-
-    def _key_group_cache(self, table: Store, manager: Optional[CacheManager], name: str) -> KeyGroupCache:
-        """The cache of key-group blocks of ``cached_state(layout="key_group")``, after checking what it refuses."""
-        config = self.spec.state  # the settings blocks cannot keep were refused by StateConfig already
+        if layout == "key":
+            return WriteBackCache(table, policy=config.policy, **settings)
         if not isinstance(table, RocksDBStore):
             raise ValueError(
                 "cached_state(layout='key_group') keeps its blocks in a RocksDB working store: use store='rocksdb' "
                 "or a checkpoint location"
             )
-        return KeyGroupCache(
-            table,
-            max_entries=config.max_entries,
-            max_bytes=config.max_bytes,
-            low_watermark=config.low_watermark,
-            high_watermark=config.high_watermark,
-            manager=manager,
-            name=name,
-        )
+        return KeyGroupCache(table, **settings)  # the settings blocks cannot keep were refused by StateConfig
 
     @property
     def state_table(self) -> Store:

@@ -185,6 +185,35 @@ def test_watermarks_sync_key_groups_and_change_nothing_of_the_outputs_or_checkpo
     assert checkpoint_table(tmp_path / "key_group") == checkpoint_table(tmp_path / "key")
 
 
+def test_a_batch_failing_after_its_syncs_wrote_to_the_store_is_retried_counting_each_row_once(tmp_path, monkeypatch):
+    from checkpoint.writer import CheckpointWriter
+
+    frames = batches(14, 6)
+    bounds = {"max_entries": 40, "low_watermark": 0.2, "high_watermark": 0.5}
+    expected, _ = _run_with(tmp_path / "key", frames, "key", parallelism=2, **bounds)
+    op = cached_state(store="rocksdb", layout="key_group", **bounds)(aggregate(AGGS))
+    runner = LocalRunner(op, key="k", parallelism=2, clock=Clock(), checkpoint_location=tmp_path / "ck")
+    outputs = [runner.process(f) for f in frames[:3]]
+    write, sync = CheckpointWriter.write, KeyGroupCache._sync_dirty
+    synced = []
+
+    def counted(self):
+        before = self.stats()["syncs"]
+        sync(self)
+        synced.append(self.stats()["syncs"] - before)
+
+    monkeypatch.setattr(KeyGroupCache, "_sync_dirty", counted)
+    monkeypatch.setattr(CheckpointWriter, "write", lambda self, *a, **k: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(OSError, match="disk full"):
+        runner.process(frames[3])
+    assert sum(synced) > 0  # the failed batch's merges reached RocksDB before it failed
+    monkeypatch.setattr(CheckpointWriter, "write", write)
+    outputs += [runner.process(f) for f in frames[3:]]
+    runner.close()
+    pd.testing.assert_frame_equal(with_batch(outputs), with_batch(expected))
+    assert checkpoint_table(tmp_path / "ck") == checkpoint_table(tmp_path / "key")
+
+
 def test_the_instances_share_a_runners_memory_budget(tmp_path):
     frames = batches(13)
     budget = 1 << 20

@@ -446,13 +446,9 @@ class KeyGroupCache(Store):
         self._write_batches = 0
         self._syncs = 0
         self._set_watermark_levels()
-        self._manager: Optional["CacheManager"] = manager
+        self._manager: Optional["CacheManager"] = None
         if manager is not None:
-            try:
-                manager.register(self)  # grants the byte bound through resize()
-            except BaseException:
-                self._manager = None
-                raise
+            manager.register(self)  # attaches it and grants the byte bound through resize()
 
     # ------------------------------------------------------------ key groups
     @property
@@ -668,6 +664,10 @@ class KeyGroupCache(Store):
         """Always: the bytes of the held blocks are counted as they change, so it takes a byte bound or a
         manager's at any time."""
         return True
+
+    def attach(self, manager: Optional["CacheManager"]) -> None:
+        """The manager that grants this cache's bytes (called by its ``register``/``unregister``)."""
+        self._manager = manager
 
     def resize(self, *, max_entries: Any = ..., max_bytes: Any = ...) -> None:
         """Change the bounds (``...`` keeps one; None drops one), then evict and sync down to them at once."""
@@ -890,7 +890,6 @@ class KeyGroupCache(Store):
         self._closed = True
         if self._manager is not None:
             self._manager.unregister(self)
-            self._manager = None
         self._groups.clear()
         self._held_entries = self._held_bytes = 0
         self._table.close()

@@ -22,13 +22,18 @@ from typing import Any, Callable, Protocol
 class ManagedCache(Protocol):
     """What a :class:`CacheManager` asks of a cache it grants bytes to (``WriteBackCache``, ``KeyGroupCache``).
 
-    The cache registers itself (``manager.register(self)`` when built with a
-    manager) and unregisters when it closes; between the two the manager sets
-    its byte bound through :meth:`resize`, and the cache calls
+    A cache built with a manager registers itself and unregisters when it
+    closes; :meth:`CacheManager.register` and :meth:`CacheManager.unregister`
+    tell the cache through :meth:`attach`. In between the manager sets its
+    byte bound through :meth:`resize`, and the cache calls
     :meth:`CacheManager.maybe_rebalance` now and then.
     """
 
     cache_name: str
+
+    def attach(self, manager: "CacheManager | None") -> None:
+        """The manager that grants the cache's bytes from now on (None: none any more)."""
+        ...
 
     @property
     def sized(self) -> bool:
@@ -236,11 +241,13 @@ class CacheManager:
                     "use a smaller block_bytes or a larger max_bytes"
                 )
         self._loads_seen[cache] = cache.stats()["loads"]
+        cache.attach(self)
         self._grant(cache, min(share, self.free_blocks))
 
     def unregister(self, cache: "ManagedCache") -> None:
         """Return the cache's blocks to the pool."""
-        self._caches.pop(cache, None)
+        if self._caches.pop(cache, None) is not None:
+            cache.attach(None)
         self._loads_seen.pop(cache, None)
 
     # ------------------------------------------------------------ pressure

@@ -217,13 +217,9 @@ class WriteBackCache(Store):
         self._syncs = self._writes = self._write_batches = self._inserts = 0
         self._capacity = _UNBOUNDED
         self._high_n = self._low_n = _UNBOUNDED
-        self._manager: "CacheManager | None" = manager
+        self._manager: "CacheManager | None" = None
         if manager is not None:
-            try:
-                manager.register(self)  # sets the byte budget through resize()
-            except BaseException:
-                self._manager = None
-                raise
+            manager.register(self)  # attaches it and sets the byte budget through resize()
         else:
             self._recompute_capacity()
 
@@ -240,6 +236,10 @@ class WriteBackCache(Store):
             self._low_n = min(self._high_n - 1, int(self._low * capacity))  # type: ignore[operator]
         else:
             self._high_n = self._low_n = _UNBOUNDED
+
+    def attach(self, manager: "CacheManager | None") -> None:
+        """The manager that grants this cache's bytes (called by its ``register``/``unregister``)."""
+        self._manager = manager
 
     def resize(self, *, max_entries: Any = ..., max_bytes: Any = ...) -> None:
         """Change the bounds (``...`` keeps one) and evict down to them at once.
@@ -724,7 +724,6 @@ class WriteBackCache(Store):
         self._closed = True
         if self._manager is not None:
             self._manager.unregister(self)
-            self._manager = None
         self._policy.clear()
         self._last = _NOT_CACHED
         self._backend.close()

@@ -152,6 +152,16 @@ def test_closing_a_cache_returns_its_blocks():
     assert _blocks(manager, a) == [32]
 
 
+def test_a_cache_registered_directly_is_attached_and_detached_as_one_built_with_the_manager():
+    manager = _manager(64)
+    cache = WriteBackCache(MemoryStore(), max_bytes=1 << 20, name="direct")
+    assert cache.stats()["granted_bytes"] is None
+    manager.register(cache)
+    assert cache.stats()["granted_bytes"] == 64 * BLOCK == cache.stats()["max_bytes"]
+    cache.close()
+    assert not manager.stats()["caches"] and manager.free_blocks == 64
+
+
 # ------------------------------------------------------------------ pressure
 
 

@@ -246,9 +246,10 @@ class CacheManager:
 
     def unregister(self, cache: "ManagedCache") -> None:
         """Return the cache's blocks to the pool."""
-        if self._caches.pop(cache, None) is not None:
-            cache.attach(None)
         self._loads_seen.pop(cache, None)
+        if cache in self._caches:
+            del self._caches[cache]
+            cache.attach(None)
 
     # ------------------------------------------------------------ pressure
     def measure(self) -> MemoryReading:

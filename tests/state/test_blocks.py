@@ -234,7 +234,7 @@ def test_a_sync_writes_the_least_recently_modified_key_groups(table):
     first, second, third = (groups[g][:25] for g in sorted(groups)[:3])
     cache.put_many((k, 1) for k in first)
     cache.put_many((k, 1) for k in second)
-    assert cache.stats()["syncs"] == 0  # 50 dirty entries: at the high watermark, not above
+    assert cache.stats()["syncs"] == 0  # 50 dirty entries: under the high watermark (60)
     cache.put_many((k, 1) for k in third)  # 75 > 60: the oldest (first) goes, then 50 > 30: the second too
     assert cache.stats()["syncs"] == 2
     assert list(cache._dirty) == [cache._table.raw_keys([(third[0],)])[0][:2]]

@@ -45,7 +45,7 @@ import numpy as np
 
 from .base import MISSING, Store, StoreClosedError
 from .cache.malloc import pin_mmap_threshold, release_free_memory
-from .cache.writeback import check_watermarks
+from .cache.writeback import check_size, check_watermarks
 from .keys import NormalizedKey, decode_key, normalize_keys
 from .raw import KEY_GROUP_BYTES
 from .rocksdb import RocksDBStore
@@ -345,9 +345,8 @@ _NO_LEVEL = float("inf")
 
 
 def _check_bounds(max_entries: Any, max_bytes: Any) -> None:
-    for label, bound in (("max_entries", max_entries), ("max_bytes", max_bytes)):
-        if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int) or bound < 1):
-            raise ValueError(f"{label} must be a positive int or None, got {bound!r}")
+    check_size("max_entries", max_entries)
+    check_size("max_bytes", max_bytes)
 
 
 class _Located(NamedTuple):
@@ -700,33 +699,35 @@ class KeyGroupCache(Store):
         high_entries, high_bytes, low_entries, low_bytes = self._watermark_levels
         if self._dirty_entries <= high_entries and self._dirty_bytes <= high_bytes:
             return
-        entries, size = self._dirty_entries, self._dirty_bytes
+        out = self._oldest_over(self._dirty, self._dirty_entries, self._dirty_bytes, low_entries, low_bytes)
+        self._write_back([(p, self._groups[p]) for p in out])
+        self._syncs += len(out)
+
+    def _oldest_over(
+        self, prefixes: Iterable[bytes], entries: float, size: float, max_entries: float, max_bytes: float
+    ) -> list[bytes]:
+        """The first of ``prefixes`` (oldest first) whose groups must go for ``entries`` and ``size`` (what
+        they hold together) to be at most ``max_entries`` and ``max_bytes``."""
         out: list[bytes] = []
-        for prefix in self._dirty:
-            if entries <= low_entries and size <= low_bytes:
+        for prefix in prefixes:
+            if entries <= max_entries and size <= max_bytes:
                 break
             group = self._groups[prefix]
             out.append(prefix)
             entries -= len(group)
             size -= group.memory_bytes()
-        self._write_back([(p, self._groups[p]) for p in out])
-        self._syncs += len(out)
+        return out
 
     def _bound(self) -> None:
         """Evict least recently used key groups until within the bounds (dirty ones written back first).
         Bounds hold per key group: one larger than a bound is evicted after each use."""
         if self.max_entries is None and self.max_bytes is None:
             return
-        entries, size = self._held_entries, self._held_bytes
-        out: list[bytes] = []
-        for prefix, group in self._groups.items():
-            if not ((self.max_entries is not None and entries > self.max_entries) or (
-                self.max_bytes is not None and size > self.max_bytes
-            )):
-                break
-            out.append(prefix)
-            entries -= len(group)
-            size -= group.memory_bytes()
+        out = self._oldest_over(
+            self._groups, self._held_entries, self._held_bytes,
+            _NO_LEVEL if self.max_entries is None else self.max_entries,
+            _NO_LEVEL if self.max_bytes is None else self.max_bytes,
+        )
         if not out:
             return
         self._write_back([(p, self._groups[p]) for p in out if p in self._dirty])

@@ -74,7 +74,8 @@ _UNBOUNDED = 1 << 62
 DIRTY_SLOT_BYTES = 96
 
 
-def _check_size(name: str, value: Any) -> None:
+def check_size(name: str, value: Any) -> None:
+    """ValueError naming ``name`` and the value unless it is a positive int or None (a bound, a step)."""
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -162,10 +163,10 @@ class WriteBackCache(Store):
     ) -> None:
         if not isinstance(backend, Store):
             raise TypeError(f"backend must be a state Store, got {type(backend).__name__}")
-        _check_size("max_entries", max_entries)
-        _check_size("max_bytes", max_bytes)
-        _check_size("sync_step", sync_step)
-        _check_size("write_batch_entries", write_batch_entries)
+        check_size("max_entries", max_entries)
+        check_size("max_bytes", max_bytes)
+        check_size("sync_step", sync_step)
+        check_size("write_batch_entries", write_batch_entries)
         check_watermarks(low_watermark, high_watermark, bounded=not (max_entries is None and max_bytes is None and manager is None))
         super().__init__(
             name=backend.name,
@@ -249,10 +250,10 @@ class WriteBackCache(Store):
         not size the values its puts update, so it refuses ``max_bytes=``.
         """
         if max_entries is not ...:
-            _check_size("max_entries", max_entries)
+            check_size("max_entries", max_entries)
             self._max_entries = max_entries
         if max_bytes is not ...:
-            _check_size("max_bytes", max_bytes)
+            check_size("max_bytes", max_bytes)
             if max_bytes is not None and not self.sized:
                 raise ValueError(
                     f"cache {self.cache_name!r} was built without a byte bound, so its puts do not size "

@@ -11,7 +11,7 @@ import pandas as pd
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from state import MemoryStore, WriteBackCache
+from state import MemoryReading, MemoryStore, WriteBackCache
 
 UTC = dt.timezone.utc
 PLUS_ONE = dt.timezone(dt.timedelta(hours=1))
@@ -189,3 +189,18 @@ def check_bounds(cache: WriteBackCache, watermarks: tuple[float, float] | None) 
     if watermarks is not None and cache.capacity is not None:
         assert cache.dirty_count() <= high_watermark_count(cache, watermarks[1]), stats
     assert stats["dirty"] == cache.dirty_count() <= entries
+
+
+# ------------------------------------------------------------------ cache manager
+class Probe:
+    """A memory probe whose pressure the test sets: "high", "normal" or "low" (limit 100 bytes)."""
+
+    RSS = {"high": 95, "normal": 70, "low": 10}
+
+    def __init__(self, level: str = "normal") -> None:
+        self.level = level
+        self.calls = 0
+
+    def __call__(self) -> MemoryReading:
+        self.calls += 1
+        return MemoryReading(rss_bytes=self.RSS[self.level], limit_bytes=100, gc_time_share=0.0)

@@ -13,6 +13,8 @@ import pytest
 from state import RocksDBStore
 from state.blocks import KeyGroupCache, decode_block, encode_block, is_block_key, iter_entries, split_blocks
 
+from .helpers import Probe
+
 
 @pytest.fixture
 def table(tmp_path):
@@ -25,6 +27,22 @@ def table(tmp_path):
 
 def _records(table):
     return list(table.iter_raw())
+
+
+def _churn(cache, seed: int, keyspace: int, steps: int, most: int, flush_every: int):
+    """Random writes to ``cache``, yielding after each step: deletes every 5th step, a flush every
+    ``flush_every``-th, else puts of 1-299 byte values; a few reads after each."""
+    rng = np.random.default_rng(seed)
+    for step in range(steps):
+        keys = rng.integers(0, keyspace, int(rng.integers(1, most))).tolist()
+        if step % 5 == 4:
+            cache.delete_many(set(keys))
+        elif step % flush_every == flush_every - 1:
+            cache.flush()
+        else:
+            cache.put_many((k, b"v" * int(rng.integers(1, 300))) for k in keys)
+        cache.get_many(rng.integers(0, keyspace, 10).tolist())
+        yield
 
 
 def test_a_write_back_stores_block_records_per_key_group_holding_the_per_key_records(table, tmp_path):
@@ -186,17 +204,8 @@ def test_a_large_key_group_is_cut_into_records_of_about_block_record_bytes(table
 
 def test_the_held_entries_and_bytes_it_reports_are_those_of_the_key_groups_it_holds(table):
     """The totals the bounds check are kept as groups change, not summed each time: they must not drift."""
-    rng = np.random.default_rng(5)
     cache = KeyGroupCache(table, max_entries=120, max_bytes=40_000)
-    for step in range(60):
-        keys = rng.integers(0, 400, int(rng.integers(1, 80))).tolist()
-        if step % 5 == 4:
-            cache.delete_many(set(keys))
-        elif step % 7 == 6:
-            cache.flush()
-        else:
-            cache.put_many((k, b"v" * int(rng.integers(1, 300))) for k in keys)
-        cache.get_many(rng.integers(0, 400, 10).tolist())
+    for _ in _churn(cache, seed=5, keyspace=400, steps=60, most=80, flush_every=7):
         held = list(cache._groups.values())
         assert cache.held_entries() == sum(len(g) for g in held)
         assert cache.estimated_bytes() == sum(g.memory_bytes() for g in held)
@@ -261,17 +270,8 @@ def test_a_key_group_larger_than_the_high_watermark_is_written_back_after_each_c
 
 
 def test_the_dirty_totals_watermarks_check_do_not_drift(table):
-    rng = np.random.default_rng(11)
     cache = KeyGroupCache(table, max_entries=150, max_bytes=60_000, low_watermark=0.3, high_watermark=0.6)
-    for step in range(80):
-        keys = rng.integers(0, 500, int(rng.integers(1, 60))).tolist()
-        if step % 5 == 4:
-            cache.delete_many(set(keys))
-        elif step % 9 == 8:
-            cache.flush()
-        else:
-            cache.put_many((k, b"v" * int(rng.integers(1, 300))) for k in keys)
-        cache.get_many(rng.integers(0, 500, 10).tolist())
+    for _ in _churn(cache, seed=11, keyspace=500, steps=80, most=60, flush_every=9):
         entries, size = _dirty_totals(cache)
         assert (cache._dirty_entries, cache._dirty_bytes) == (entries, size)
         assert entries <= 0.6 * 150 or cache.dirty_groups == 1
@@ -297,10 +297,9 @@ def test_watermark_settings_are_checked_naming_the_value(table, kwargs, message)
 
 
 def _probe_manager(blocks: int, block_bytes: int = 16 << 10):
-    from state import CacheManager, MemoryReading
+    from state import CacheManager
 
-    return CacheManager(blocks * block_bytes, block_bytes=block_bytes, min_interval_s=0.0,
-                        probe=lambda: MemoryReading(rss_bytes=70, limit_bytes=100, gc_time_share=0.0))
+    return CacheManager(blocks * block_bytes, block_bytes=block_bytes, min_interval_s=0.0, probe=Probe("normal"))
 
 
 def test_a_manager_grants_the_byte_bound_and_the_blocks_stay_under_it(tmp_path):

@@ -8,23 +8,9 @@ import pytest
 
 from state import CacheManager, MemoryReading, MemoryStore, WriteBackCache
 
-from .helpers import check_bounds
+from .helpers import Probe, check_bounds
 
 BLOCK = 1024
-
-
-class Probe:
-    """A memory probe whose pressure the test sets: "high", "normal" or "low" (limit 100 bytes)."""
-
-    RSS = {"high": 95, "normal": 70, "low": 10}
-
-    def __init__(self, level: str = "normal") -> None:
-        self.level = level
-        self.calls = 0
-
-    def __call__(self) -> MemoryReading:
-        self.calls += 1
-        return MemoryReading(rss_bytes=self.RSS[self.level], limit_bytes=100, gc_time_share=0.0)
 
 
 def _manager(blocks: int = 64, probe: Probe | None = None, **kwargs) -> CacheManager:

@@ -41,14 +41,15 @@ def key_types_of(schema: Any, key_columns: Sequence[str]) -> tuple[str, ...]:
     return tuple(types)
 
 
-def _quoted(column: str) -> str:
+def quoted(column: str) -> str:
+    """``column`` as a SQL identifier (backticks, doubled inside)."""
     return "`" + column.replace("`", "``") + "`"
 
 
 def key_group_sql(key_columns: Sequence[str], max_parallelism: int) -> str:
     """SQL for a row's key group: ``pmod(xxhash64(keys), max_parallelism)``."""
     check_max_parallelism(max_parallelism)
-    return f"pmod(xxhash64({', '.join(_quoted(c) for c in key_columns)}), {max_parallelism})"
+    return f"pmod(xxhash64({', '.join(quoted(c) for c in key_columns)}), {max_parallelism})"
 
 
 def operator_index_sql(key_columns: Sequence[str], parallelism: int, max_parallelism: int) -> str:

@@ -61,7 +61,7 @@ from ..protocol import call_function
 from ..processor import processor_timeout
 from state import RocksDBStore, WriteBackCache
 from ..buffer import _object_column
-from ._plan import _quoted, is_connect, key_list, key_types_of, operator_index_sql, output_schema_for
+from ._plan import is_connect, key_list, key_types_of, operator_index_sql, output_schema_for, quoted
 from ._sql_combine import SqlPartial, sql_exprs, sql_partials
 from ._sql_combine import accumulators as sql_accumulators
 
@@ -486,13 +486,13 @@ def run_batch(
         # Spark SQL combines each key's rows (partial aggregation before its shuffle, final
         # after): one row per key, and no input row crosses into Python.
         assert combiner is not None
-        df = df.groupBy(*[F.col(_quoted(c)) for c in key_columns]).agg(*sql_exprs(combiner, parts))
+        df = df.groupBy(*[F.col(quoted(c)) for c in key_columns]).agg(*sql_exprs(combiner, parts))
     ordered = parts is None and _needs_input_order(spec)
     staged = df.withColumn(OPERATOR_COLUMN, F.expr(operator_index))
     if ordered:
         staged = staged.withColumn(SEQUENCE_COLUMN, F.monotonically_increasing_id())
     staged = staged.repartitionById(parallelism, F.col(OPERATOR_COLUMN)).drop(OPERATOR_COLUMN)
-    sort_columns = [F.col(_quoted(c)) for c in key_columns]
+    sort_columns = [F.col(quoted(c)) for c in key_columns]
     if ordered:
         sort_columns.append(F.col(SEQUENCE_COLUMN))
     staged = staged.sortWithinPartitions(*sort_columns)

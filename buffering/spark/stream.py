@@ -52,7 +52,7 @@ from ..protocol import (
 from ..windows import WINDOW_START, check_runner_settings
 from . import _task
 from ._sql_combine import sql_exprs, sql_partials
-from ._plan import is_connect, key_list, key_types_of, nullable, operator_index_sql, output_schema_for
+from ._plan import is_connect, key_list, key_types_of, nullable, operator_index_sql, output_schema_for, quoted
 from ._task import (
     ACCUMULATOR_COLUMN,
     EVENT_TIME_COLUMN,
@@ -267,6 +267,7 @@ class StreamRunner:
         self._event_time_type = (
             next(f.dataType.typeName() for f in input_schema.fields if f.name == event_time) if event_time else None
         )
+        self._read_columns = self._columns_read(fields)
         self.output_schema = output_schema_for(self.spec, output_schema, input_schema, self.key_columns)
         self.sink: Sink = sink_of(sink)
         self.retain = retain
@@ -395,6 +396,7 @@ class StreamRunner:
         if len(host_keys) != self.parallelism:
             raise ValueError(f"need one host key per instance ({self.parallelism}), got {len(host_keys)}")
         keys = tuple(int(k) for k in host_keys)
+        df = self._read_only_needed(df)
         if self.combine == "python":
             assert self._combined_schema is not None
             tagged = self._tagged(self._combined_schema)
@@ -454,13 +456,40 @@ class StreamRunner:
                 *sql_exprs(self.spec.mini_batch.aggregations, self.sql_partials or []),
                 event.alias(EVENT_TIME_COLUMN),
             )
-        elif combine == "python":
-            frame = frame.mapInPandas(functools.partial(_task.combine_partition, plan, context), self._combined_schema)
+        else:
+            frame = self._read_only_needed(frame)
+            if combine == "python":
+                frame = frame.mapInPandas(functools.partial(_task.combine_partition, plan, context), self._combined_schema)
         frame = frame.withColumn(
             OPERATOR_COLUMN, F.expr(operator_index_sql(self.key_columns, self.parallelism, self.max_parallelism))
         )
         frame = frame.repartitionById(self.parallelism, OPERATOR_COLUMN)
         return frame.mapInPandas(functools.partial(_task.run_task, plan, context), self._internal_schema)
+
+    def _columns_read(self, fields: list[str]) -> Optional[list[str]]:
+        """The input columns the Python side reads when it gets rows, or None when it may read all of them.
+
+        An aggregate folding a batch's raw rows, and the Python combine, read the
+        key, the aggregations' input columns and the event time: the other
+        columns need not cross the shuffle and the Arrow conversion (Spark
+        prunes them itself only where it aggregates, as in its SQL combine). A
+        function, or a triggered aggregate's buffer (its size trigger counts a
+        row's bytes), gets every column.
+        """
+        aggs = self.spec.mini_batch.aggregations if self.spec.mini_batch is not None else None
+        if aggs is None or not (folds_raw_rows(self.spec) or self.combine == "python"):
+            return None
+        wanted = {*self.key_columns, *aggs.input_columns, *([self.event_time] if self.event_time is not None else [])}
+        read = [name for name in fields if name in wanted]
+        return None if len(read) == len(fields) else read
+
+    def _read_only_needed(self, frame: Any) -> Any:
+        """``frame`` with only the columns the Python side reads (:meth:`_columns_read`)."""
+        from pyspark.sql import functions as F
+
+        if self._read_columns is None:
+            return frame
+        return frame.select(*[F.col(quoted(name)) for name in self._read_columns])
 
     def _batch_combine(self) -> str:
         """How the next (or running) batch's rows reach the instances: the plan's combine, or "none" when
@@ -822,6 +851,8 @@ def run_stream(
             twin, skipped for a batch when the previous one had fewer than ``RAW_ROWS_PER_KEY`` (4)
             input rows per key merged (e.g. windows that see a few rows each): the rows then go to the
             instances as they are and are folded as columns there. True: always; False: never.
+            Rows that reach Python uncombined carry only the columns an aggregate reads (key,
+            aggregation inputs, event time); a function gets them all.
         retain: committed versions kept (older files are deleted).
         storage_options: fsspec options of a URL ``checkpoint_location``, one mapping (for
             s3fs e.g. ``{"client_kwargs": {"endpoint_url": ...}}``); the tasks get the same.

@@ -118,3 +118,47 @@ def test_the_sql_combine_is_skipped_after_a_batch_with_few_rows_per_key_and_resu
     assert RAW_ROWS_PER_KEY == 4
     assert combines == {None: ["sql", "none", "none", "sql"], True: ["sql"] * 4}
     pd.testing.assert_frame_equal(results[None], results[True])
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "aggregations, combine, placement",
+    [
+        ({"n": Count(), "sx": Sum("x")}, False, "batch"),  # raw rows, folded as columns by the instances
+        ({"n": Count(), "fx": First("x")}, True, "batch"),  # First has no SQL twin: the Python combine
+        ({"n": Count(), "sx": Sum("x")}, False, "executor"),  # raw rows through Spark's stateful operator
+    ],
+    ids=["raw-rows", "python-combine", "executor-placement"],
+)
+def test_an_aggregate_reads_only_its_columns_so_others_of_any_type_never_reach_python(
+    spark, tmp_path, aggregations, combine, placement
+):
+    """A year-month interval has no Arrow conversion to pandas (mapInPandas over it fails): an aggregate
+    that does not read such a column ships only its key and input columns, and its results are those of
+    the same input without the column."""
+    from pyspark.sql import functions as F
+
+    rng = np.random.default_rng(11)
+    frames = [
+        pd.DataFrame({"k": rng.integers(0, 20, 200).astype(np.int64), "x": rng.integers(0, 99, 200).astype(np.int64),
+                      "s": "a", "f": 0.5})
+        for _ in range(2)
+    ]
+    source = write_batches(str(tmp_path / "in"), frames)
+    operator = buffering.aggregate(aggregations)
+    results = {}
+    for extra in (False, True):
+        stream = stream_of(spark, source, "k long, x long, s string, f double")
+        if extra:
+            stream = stream.withColumn("extra", F.make_ym_interval(F.lit(1), F.lit(2)))
+        out: list = []
+        query = buffering.spark.run_stream(
+            stream, operator, key="k", checkpoint_location=str(tmp_path / f"ck-{extra}"), sink=collect_sink(out),
+            trigger={"availableNow": True}, combine_before_shuffle=combine, placement=placement, parallelism=2,
+        )
+        query.awaitTermination()
+        assert query.runner.combine == ("python" if combine else "none")
+        results[extra] = all_rows(out, ["k"])
+    assert len(results[True]) > 0
+    pd.testing.assert_frame_equal(results[True], results[False])

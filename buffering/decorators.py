@@ -91,17 +91,11 @@ class StateConfig:
     def __post_init__(self) -> None:
         if self.layout not in _LAYOUTS:
             raise ValueError(f"layout must be one of {_LAYOUTS}, got {self.layout!r}")
-        if self.layout == "key_group":
-            refused = [
-                reason
-                for reason, present in (
-                    (f"ttl_ms={self.ttl_ms!r} (expiries are per key)", self.ttl_ms is not None),
-                    (f"policy={self.policy!r} (key groups are evicted least recently used)", self.policy != "lru"),
-                )
-                if present
-            ]
-            if refused:
-                raise ValueError(f"cached_state(layout='key_group') takes no {'; no '.join(refused)}")
+        if self.layout == "key_group" and self.policy != "lru":
+            raise ValueError(
+                f"cached_state(layout='key_group') takes no policy={self.policy!r} (key groups are evicted least "
+                "recently used)"
+            )
         _positive_or_none("max_entries", self.max_entries)
         check_ttl_ms("cached_state(ttl_ms=...)", self.ttl_ms)
         _positive_or_none("max_bytes", self.max_bytes)
@@ -268,9 +262,10 @@ def cached_state(
     (closing windows reads and deletes them as byte ranges); session windows
     keep the per-key layout. Blocks take the bounds, the watermarks (dirty
     key groups written back whole, least recently modified first) and a
-    runner's ``memory_budget`` as the per-key layout does, but no ``ttl_ms``
-    and no policy other than LRU. Either layout restores a checkpoint written
-    with the other (converted as it is read).
+    runner's ``memory_budget`` and ``ttl_ms`` as the per-key layout does (the
+    expiries stay per key, in their own tables), but no policy other than LRU.
+    Either layout restores a checkpoint written with the other (converted as it
+    is read).
     """
     config = StateConfig(max_entries, max_bytes, policy, store, path, low_watermark, high_watermark, ttl_ms, layout)
 

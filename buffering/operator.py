@@ -717,6 +717,11 @@ class OperatorInstance:
         assert layout is not None
         cache = self.cache
         if isinstance(cache, KeyGroupCache):  # the values as byte ranges, never one object per key
+            if self.ttl is not None:
+                # An expired accumulator is merged as if absent (as _visible hides it below): it goes first.
+                expired = [nkey for nkey, gone in zip(keys, self.ttl.expired_many(keys, processing_time_ms)) if gone]
+                if expired:
+                    cache.delete_many(expired)
             block = layout.merge_into(cache, keys, incoming)
         else:
             stored = self._visible(keys, self.state.get_many(keys), processing_time_ms)

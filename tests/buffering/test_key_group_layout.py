@@ -152,16 +152,65 @@ def test_the_state_reads_back_per_key(tmp_path):
     reference.close()
 
 
-@pytest.mark.parametrize(
-    "kwargs, named",
-    [
-        ({"ttl_ms": 1_000}, "ttl_ms=1000"),
-        ({"max_entries": 10, "policy": "lfu"}, "policy='lfu'"),
-    ],
-)
-def test_settings_the_layout_cannot_keep_are_refused_naming_them(kwargs, named):
-    with pytest.raises(ValueError, match=named):
-        cached_state(store="rocksdb", layout="key_group", **kwargs)
+def test_a_policy_other_than_lru_is_refused_naming_it():
+    with pytest.raises(ValueError, match="policy='lfu'"):
+        cached_state(max_entries=10, policy="lfu", store="rocksdb", layout="key_group")
+
+
+def _sparse_batches(seed: int, n: int) -> list[pd.DataFrame]:
+    """Rows of 5 to 15 of 60 keys a batch: a key often waits several batches for its next row."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        keys = rng.choice(60, int(rng.integers(5, 16)), replace=False)
+        rows = rng.choice(keys, int(rng.integers(10, 40)))
+        out.append(pd.DataFrame({"k": rows.astype(np.int64), "u": rng.integers(0, 500, len(rows)).astype(np.int64),
+                                 "v": rng.integers(-50, 100, len(rows)).astype(np.int64)}))
+    return out
+
+
+def _run_expiring(layout: str, location, frames, schedule, max_entries: int = 1_000) -> tuple[list[pd.DataFrame], int]:
+    """Outputs of ``frames`` through aggregate(AGGS) with ``ttl_ms=25``, the clock 10 ms further each batch,
+    split over restarts at the parallelisms of ``schedule``; and how many keys expired."""
+    clock = Clock(0)
+    outputs, expired = [], 0
+    per_run = -(-len(frames) // len(schedule))
+    for run_index, parallelism in enumerate(schedule):
+        op = cached_state(max_entries=max_entries, store="rocksdb", layout=layout, ttl_ms=25)(aggregate(AGGS))
+        runner = LocalRunner(op, key="k", parallelism=parallelism, clock=clock, checkpoint_location=location)
+        for frame in frames[run_index * per_run : (run_index + 1) * per_run]:
+            clock.now += 10
+            outputs.append(runner.process(frame))
+        expired += sum(instance.stats()["expired"] for instance in runner.instances)
+        runner.close()
+    return outputs, expired
+
+
+@pytest.mark.parametrize("max_entries", [1_000, 5], ids=["all-held", "evicting"])
+def test_expiring_accumulators_equal_the_per_key_layouts_through_restarts_at_other_parallelisms(tmp_path, max_entries):
+    """ttl_ms: a key not updated for 25 ms starts again from empty and is swept at a batch's end, as with
+    the per-key layout; the expiries move with their keys to other parallelisms."""
+    frames = _sparse_batches(7, 16)
+    expected, expected_expired = _run_expiring("key", tmp_path / "key", frames, (1, 3, 2))
+    got, expired = _run_expiring("key_group", tmp_path / "key_group", frames, (1, 3, 2), max_entries)
+    assert expired == expected_expired > 0
+    pd.testing.assert_frame_equal(with_batch(got), with_batch(expected))
+    assert checkpoint_table(tmp_path / "key_group") == checkpoint_table(tmp_path / "key")
+    assert checkpoint_table(tmp_path / "key_group", "ttl") == checkpoint_table(tmp_path / "key", "ttl") != {}
+
+
+def test_an_expired_accumulator_merges_from_empty_in_the_batch_that_finds_it_expired(tmp_path):
+    op = cached_state(store="rocksdb", layout="key_group", ttl_ms=100)(aggregate({"n": Count()}))
+    clock = Clock(0)
+    runner = LocalRunner(op, key="k", clock=clock)
+    one = pd.DataFrame({"k": [1, 1]})
+    assert runner.process(one).to_dict("list") == {"k": [1], "n": [2]}
+    clock.now = 50
+    assert runner.process(one).to_dict("list") == {"k": [1], "n": [4]}  # updated: expires at 150
+    clock.now = 150
+    assert runner.process(one).to_dict("list") == {"k": [1], "n": [2]}
+    assert runner.instances[0].stats()["expired"] == 0  # merged again before the sweep could take it
+    runner.close()
 
 
 def _run_with(location, frames, layout: str, parallelism: int = 3, memory_budget=None, **state) -> tuple[list, list]:

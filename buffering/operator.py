@@ -718,7 +718,7 @@ class OperatorInstance:
         cache = self.cache
         if isinstance(cache, KeyGroupCache):  # the values as byte ranges, never one object per key
             if self.ttl is not None:
-                # An expired accumulator is merged as if absent (as _visible hides it below): it goes first.
+                # An expired accumulator merges as if absent (the per-key branch hides it with _visible): gone first.
                 expired = [nkey for nkey, gone in zip(keys, self.ttl.expired_many(keys, processing_time_ms)) if gone]
                 if expired:
                     cache.delete_many(expired)

@@ -419,6 +419,32 @@ def test_nan_in_a_double_key_column_is_a_key_of_its_own_and_null_elsewhere():
     assert [k for k, _ in longs.drain()] == [(None,), 1]  # 1.0 of a long column with nulls is the long 1
 
 
+@pytest.mark.parametrize("dtypes", [("int64", "int64"), ("int8", "uint16", "int32")], ids=["two-longs", "three-narrow-ints"])
+def test_integer_key_columns_are_numbered_as_grouping_them_numbers_them(dtypes):
+    """Several integer key columns are numbered by hashing (no groupby): the same codes, first-appearance
+    order and plain int keys as the general way, which object columns take."""
+    from buffering.buffer import factorize_keys
+
+    rng = np.random.default_rng(5)
+    n = 2_000
+    frame = pd.DataFrame({f"c{i}": rng.integers(-9 if t[0] == "i" else 0, 9, n).astype(t) for i, t in enumerate(dtypes)})
+    columns = list(frame.columns)
+    codes, keys = factorize_keys(frame, columns)
+    expected_codes, expected_keys = factorize_keys(frame.astype(object), columns)
+    assert codes.tolist() == expected_codes.tolist()
+    assert keys == expected_keys and all(type(e) is int for key in keys for e in key)
+    assert len(keys) == len(frame.drop_duplicates())
+
+
+def test_integer_key_columns_too_many_to_number_in_one_long_take_the_general_way():
+    from buffering.buffer import _integral_keys, factorize_keys
+
+    wide = pd.DataFrame({f"c{i}": np.arange(300, dtype=np.int64) * (i + 1) for i in range(8)})  # 300**8 > 2**62
+    assert _integral_keys(wide, list(wide.columns)) is None
+    codes, keys = factorize_keys(wide, list(wide.columns))
+    assert codes.tolist() == list(range(300)) and keys[7] == tuple(7 * (i + 1) for i in range(8))
+
+
 # ------------------------------------------------------------------ accumulators combined upstream
 
 

@@ -451,6 +451,20 @@ def test_state_expired_by_ttl_is_gone_in_the_next_batch(spark, tmp_path, placeme
     assert state["tweet"].tolist() == [1] and [s[0] for s in state["state"]] == [1]
 
 
+@pytest.mark.parametrize("layout", ["key", "key_group"])
+def test_an_aggregates_accumulator_expired_by_ttl_counts_from_empty_in_the_next_batch(spark, tmp_path, layout):
+    """The same through Spark SQL's combine and a columnar merge: tweet 1's count of batch 0 has expired
+    when batch 1 merges into it, and tweet 2's is swept at batch 1's end; with either state layout."""
+    frames = [pd.DataFrame({"tweet": [1, 2], "user": [0, 0], "ts": [0, 0]}), pd.DataFrame({"tweet": [1], "user": [0], "ts": [1]})]
+    source = write_batches(str(tmp_path / "in"), frames)
+    op = buffering.cached_state(ttl_ms=1, store="rocksdb", layout=layout)(buffering.aggregate({"views": Count()}))
+    out, query = _run(spark, source, op, str(tmp_path / "ck"), output_schema=None)
+    assert query.runner.combine == "sql"
+    assert all_rows(out, ["tweet"]).values.tolist() == [[1, 1, 0], [2, 1, 0], [1, 1, 1]]
+    state = read_state(str(tmp_path / "ck"))
+    assert state["tweet"].tolist() == [1] and [s["views"] for s in state["state"]] == [1]
+
+
 class ViewCount(StatefulProcessor):
     """A transformWithStateInPandas processor: views per tweet in a ValueState."""
 

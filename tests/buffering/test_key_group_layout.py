@@ -199,7 +199,7 @@ def test_expiring_accumulators_equal_the_per_key_layouts_through_restarts_at_oth
     assert checkpoint_table(tmp_path / "key_group", "ttl") == checkpoint_table(tmp_path / "key", "ttl") != {}
 
 
-def test_an_expired_accumulator_merges_from_empty_in_the_batch_that_finds_it_expired(tmp_path):
+def test_an_expired_accumulator_merges_from_empty_in_the_batch_that_finds_it_expired():
     op = cached_state(store="rocksdb", layout="key_group", ttl_ms=100)(aggregate({"n": Count()}))
     clock = Clock(0)
     runner = LocalRunner(op, key="k", clock=clock)

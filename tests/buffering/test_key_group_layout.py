@@ -199,6 +199,49 @@ def test_expiring_accumulators_equal_the_per_key_layouts_through_restarts_at_oth
     assert checkpoint_table(tmp_path / "key_group", "ttl") == checkpoint_table(tmp_path / "key", "ttl") != {}
 
 
+def test_a_batch_failing_after_it_deleted_expired_accumulators_is_retried_with_them_expired_once(tmp_path, monkeypatch):
+    """The deletes of expired accumulators happen in the cache before the merge: a batch that fails after
+    them and its merge is rolled back and retried, and the outputs and checkpoints equal an unfailed run's."""
+    from buffering.aggregations.columnar import ColumnarLayout
+
+    frames = _sparse_batches(9, 12)
+    expected, _ = _run_expiring("key", tmp_path / "key", frames, (2,))
+    op = cached_state(store="rocksdb", layout="key_group", ttl_ms=25)(aggregate(AGGS))
+    clock = Clock(0)
+    runner = LocalRunner(op, key="k", parallelism=2, clock=clock, checkpoint_location=tmp_path / "ck")
+    delete_many, merge_into = KeyGroupCache.delete_many, ColumnarLayout.merge_into
+    deleted: list[int] = []  # keys deleted in the batch so far (a merge comes before the batch's sweep)
+    failed: list[int] = []
+
+    def counted_delete(self, keys):
+        keys = list(keys)
+        deleted.append(len(keys))
+        return delete_many(self, keys)
+
+    def failing_merge(self, cache, keys, incoming):
+        block = merge_into(self, cache, keys, incoming)
+        if deleted and not failed:  # the expired accumulators deleted and the merge done: then the failure
+            failed.append(sum(deleted))
+            raise OSError("disk full")
+        return block
+
+    monkeypatch.setattr(KeyGroupCache, "delete_many", counted_delete)
+    monkeypatch.setattr(ColumnarLayout, "merge_into", failing_merge)
+    outputs = []
+    for frame in frames:
+        clock.now += 10
+        deleted.clear()
+        try:
+            outputs.append(runner.process(frame))
+        except OSError:
+            outputs.append(runner.process(frame))  # the retry: nothing of the failed attempt applied
+    runner.close()
+    assert failed and failed[0] > 0  # a batch deleted expired accumulators, then failed
+    pd.testing.assert_frame_equal(with_batch(outputs), with_batch(expected))
+    assert checkpoint_table(tmp_path / "ck") == checkpoint_table(tmp_path / "key")
+    assert checkpoint_table(tmp_path / "ck", "ttl") == checkpoint_table(tmp_path / "key", "ttl")
+
+
 def test_an_expired_accumulator_merges_from_empty_in_the_batch_that_finds_it_expired():
     op = cached_state(store="rocksdb", layout="key_group", ttl_ms=100)(aggregate({"n": Count()}))
     clock = Clock(0)

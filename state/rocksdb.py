@@ -275,6 +275,11 @@ class RocksDBStore(Store):
             h = spark_hash(nkey, self.key_types)
         return self._prefixes[h % self.max_parallelism] + encode_key(nkey)
 
+    def key_group(self, key: Any) -> int:
+        """The key group ``key`` is stored under: of its first ``group_columns`` columns in a table that
+        groups its keys (a key and a window start: the key's), else of the whole key."""
+        return int.from_bytes(self._encode(normalize_key(key))[:_KG_BYTES], "big")
+
     def _group_prefix(self, group_key: Any) -> bytes:
         """Raw bytes every key of ``group_key`` starts with (a table with ``group_columns``)."""
         if self.group_columns is None:

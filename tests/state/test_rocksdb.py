@@ -408,6 +408,17 @@ def test_key_list_gives_every_key_normalized_as_the_items_do(tmp_path):
     store.close()
 
 
+def test_key_group_of_a_grouped_tables_key_is_the_key_group_it_is_stored_under(tmp_path):
+    grouped = RocksDBStore(str(tmp_path / "grouped"), group_columns=1)
+    plain = RocksDBStore(str(tmp_path / "plain"))
+    keys = [(k, s) for k in range(30) for s in (0, 60_000)]
+    assert [grouped.key_group(key) for key in keys] == [grouped.key_group_of_raw(raw) for raw in grouped.raw_keys(keys)]
+    assert [grouped.key_group(key) for key in keys] == [plain.key_group(key[:1]) for key in keys]  # the key's own
+    assert [plain.key_group(key) for key in keys] == [plain.key_group_of_raw(raw) for raw in plain.raw_keys(keys)]
+    grouped.close()
+    plain.close()
+
+
 def test_key_list_of_other_keys_decodes_them_one_by_one(tmp_path):
     store = RocksDBStore(str(tmp_path / "db"))
     store.put_many([("a", 1), ((1, "b"), 2), (3, 3)])

@@ -85,10 +85,18 @@ def test_a_manifest_without_a_checksum_is_refused(small_version):
     assert info.value.file == manifest_path(3)
 
 
+def test_a_manifest_rendered_indented_as_earlier_versions_wrote_them_is_read(small_version):
+    storage, original = small_version
+    expected = storage.read_manifest(3)
+    with open(_path(storage, manifest_path(3)), "w") as f:
+        f.write(json.dumps(json.loads(original), indent=1))
+    assert storage.read_manifest(3).to_dict() == expected.to_dict()
+
+
 def test_a_manifest_equal_in_content_but_not_in_bytes_is_refused(small_version):
     storage, original = small_version
     with open(_path(storage, manifest_path(3)), "wb") as f:
-        f.write(original.replace(b"\n ", b"\n\t", 1))  # whitespace only: the same JSON
+        f.write(original.replace(b"\n", b"\n\t", 1))  # whitespace only: the same JSON
     with pytest.raises(CheckpointCorruptError, match="byte for byte"):
         storage.read_manifest(3)
 

@@ -722,7 +722,7 @@ class OperatorInstance:
                 expired = [nkey for nkey, gone in zip(keys, self.ttl.expired_many(keys, processing_time_ms)) if gone]
                 if expired:
                     cache.delete_many(expired)
-            block = layout.merge_into(cache, keys, incoming)
+            block, _ = layout.merge_into(cache, keys, incoming)
         else:
             stored = self._visible(keys, self.state.get_many(keys), processing_time_ms)
             block = layout.merge(layout.decode(stored), incoming)

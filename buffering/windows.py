@@ -40,7 +40,8 @@ import pandas as pd
 
 from state.blocks import KeyGroupCache
 from state.group_state import NO_TIMESTAMP
-from state.keys import NormalizedKey, key_column_values, key_columns, normalize_key
+from state.keys import NormalizedKey, key_column_values, key_columns, long_columns, normalize_key
+from state.raw import KEY_GROUP_BYTES
 
 from .protocol import event_time_ms
 
@@ -252,6 +253,71 @@ def timestamps(ms: Any) -> pd.Series:
     return pd.Series(pd.to_datetime(np.asarray(ms, dtype=np.int64), unit="ms", utc=True))
 
 
+def window_starts(raw_keys: Sequence[bytes]) -> np.ndarray:
+    """The window start each raw ``(key..., window start)`` key of a state table ends with (int64).
+
+    The start is the key's last element, a long: encoded as ``0x01`` and 8 big-endian bytes, so it is
+    the last 8 bytes of the raw key, whatever the user's key columns are. numpy work on the joined
+    keys, no Python per key."""
+    n = len(raw_keys)
+    if not n:
+        return np.empty(0, dtype=np.int64)
+    joined = b"".join(raw_keys)
+    widths = set(map(len, raw_keys))
+    if len(widths) == 1:  # keys of fixed-width columns: the starts are a strided view of the joined keys
+        width = widths.pop()
+        return np.ndarray((n,), dtype=">i8", buffer=joined, offset=width - 8, strides=(width,)).astype(np.int64)
+    ends = np.cumsum(np.fromiter(map(len, raw_keys), dtype=np.int64, count=n))
+    gathered = np.frombuffer(joined, dtype=np.uint8)[(ends - 8)[:, None] + np.arange(8)]
+    return gathered.view(">i8").ravel().astype(np.int64)
+
+
+class _KeyGroupWindows:
+    """The open windows of state kept as key-group blocks: per window start, the key groups holding
+    windows of that start, and a heap of the starts.
+
+    Not the keys: a close pops, from each key group listed under a closing start, every entry whose
+    raw key ends with a start that closes (:meth:`KeyGroupCache.pop_selected`), so neither a merge
+    nor a close does Python work per window. A merge records its (start, key group) pairs, a few
+    per batch and key group."""
+
+    def __init__(self) -> None:
+        self.groups: dict[int, set[int]] = {}
+        self.heap: list[int] = []
+
+    @classmethod
+    def of(cls, cache: KeyGroupCache) -> "_KeyGroupWindows":
+        """The open windows ``cache`` holds (read from its table after a write-back)."""
+        index = cls()
+        raws = cache.raw_key_list()
+        if raws:
+            groups = np.frombuffer(b"".join([k[:KEY_GROUP_BYTES] for k in raws]), dtype=">u2").astype(np.int64)
+            index.record(window_starts(raws), groups)
+        return index
+
+    def record(self, starts: np.ndarray, key_groups: np.ndarray) -> None:
+        """Record windows of ``starts`` (one per window) in ``key_groups`` (the same length) as open."""
+        if not len(starts):
+            return
+        order = np.lexsort((key_groups, starts))
+        starts, key_groups = starts[order], key_groups[order]
+        new = np.ones(len(starts), dtype=bool)
+        new[1:] = (starts[1:] != starts[:-1]) | (key_groups[1:] != key_groups[:-1])
+        for start, group in zip(starts[new].tolist(), key_groups[new].tolist()):
+            bucket = self.groups.get(start)
+            if bucket is None:
+                bucket = self.groups[start] = set()
+                heapq.heappush(self.heap, start)
+            bucket.add(group)
+
+    def due(self, last_start: int) -> set[int]:
+        """The key groups holding windows with a start <= ``last_start``, no longer listed."""
+        groups: set[int] = set()
+        while self.heap and self.heap[0] <= last_start:
+            groups |= self.groups.pop(heapq.heappop(self.heap))
+        return groups
+
+
 def user_key(nkey: NormalizedKey) -> NormalizedKey:
     """The user's key of a ``(key..., window start)`` key."""
     rest = key_columns(nkey)[:-1]
@@ -276,6 +342,9 @@ class WindowRuntime:
         #: says which windows have state: a new window's accumulator is not looked up in the store.
         self._open: Optional[dict[int, set[NormalizedKey]]] = None
         self._heap: list[int] = []
+        #: The same for windows' state kept as key-group blocks (``cached_state(layout="key_group")``
+        #: with a column form): the key groups per start, not the keys.
+        self._grouped: Optional[_KeyGroupWindows] = None
         #: Tumbling/hopping windows of aggregations with a column form: accumulators merged as columns
         #: (set by the operator, which stores them packed).
         self.layout: Optional["ColumnarLayout"] = None
@@ -403,17 +472,21 @@ class WindowRuntime:
         """Merge a block of partials (one row per ``(key..., window start)``) into the windows' state as columns."""
         layout = self.layout
         assert layout is not None
-        held = self._held(instance, keys)
         state = instance.state
         if isinstance(state, KeyGroupCache):  # cached_state(layout="key_group"): merged as byte ranges
-            block = layout.merge_into(state, keys, incoming)
-        else:
-            stored: list[Any] = [None] * len(keys)
-            if held:
-                for i, value in zip(held, state.get_many([keys[i] for i in held])):
-                    stored[i] = value
-            block = layout.merge(layout.decode(stored), incoming)
-            state.put_many(zip(keys, layout.encode(block)))
+            index = self._group_index(state)
+            block, key_groups = layout.merge_into(state, keys, incoming)
+            index.record(np.fromiter((k[-1] for k in keys), dtype=np.int64, count=len(keys)), key_groups)
+            if self.config.emit != "update":
+                return []
+            return [self._fixed_frame(keys, None, instance, layout.results(block))]
+        held = self._held(instance, keys)
+        stored: list[Any] = [None] * len(keys)
+        if held:
+            for i, value in zip(held, state.get_many([keys[i] for i in held])):
+                stored[i] = value
+        block = layout.merge(layout.decode(stored), incoming)
+        state.put_many(zip(keys, layout.encode(block)))
         self._open_new(keys, held)
         if self.config.emit != "update":
             return []
@@ -482,23 +555,18 @@ class WindowRuntime:
             return []
         if self.spec.merges:
             return self._close_sessions(instance, watermark_ms)
-        index = self._index(instance)
         last_start = watermark_ms - self.config.grace_ms - self.spec.length_ms  # start + length + grace <= wm
+        state = instance.state
+        if isinstance(state, KeyGroupCache) and self.layout is not None:
+            return self._close_key_groups(instance, state, last_start)
+        index = self._index(instance)
         keys: list[NormalizedKey] = []
         while self._heap and self._heap[0] <= last_start:
             keys.extend(index.pop(heapq.heappop(self._heap), ()))
         if not keys:
             return []
         out: list[pd.DataFrame] = []
-        state = instance.state
-        if self.config.emit == "watermark" and isinstance(state, KeyGroupCache) and self.layout is not None:
-            buffer, starts, lengths = state.pop_values(keys)  # as byte ranges: no object per window
-            present = np.flatnonzero(lengths >= 0)
-            if len(present) != len(keys):
-                keys, starts, lengths = [keys[i] for i in present.tolist()], starts[present], lengths[present]
-            block = self.layout.decode_buffer(buffer, starts, lengths)
-            out.append(self._fixed_frame(keys, None, instance, self.layout.results(block)))
-        elif self.config.emit == "watermark":
+        if self.config.emit == "watermark":
             values = state.pop_many(keys)  # a cache keeps no entry for them: never read again
             present = [i for i, v in enumerate(values) if v is not None]
             if len(present) != len(keys):
@@ -511,6 +579,26 @@ class WindowRuntime:
             instance.state.delete_uncached(keys)
         instance.metrics.expired += len(keys)
         return out
+
+    def _close_key_groups(self, instance: "OperatorInstance", state: KeyGroupCache, last_start: int) -> list[pd.DataFrame]:
+        """Close the windows with a start <= ``last_start`` of state kept as key-group blocks: popped from
+        the key groups that hold them, selected by the start their raw keys end with."""
+        assert self.layout is not None
+        groups = self._group_index(state).due(last_start)
+        if not groups:
+            return []
+        raws, buffer, starts, lengths = state.pop_selected(sorted(groups), lambda keys: window_starts(keys) <= last_start)
+        instance.metrics.expired += len(raws)
+        if not raws or self.config.emit != "watermark":
+            return []
+        results = self.layout.results(self.layout.decode_buffer(buffer, starts, lengths))
+        columns = long_columns(raws, KEY_GROUP_BYTES)
+        if columns is None or len(columns) != len(self.key_columns) + 1:  # not all longs: decoded per key
+            return [self._fixed_frame(state.table_store.decode_raw_keys(raws), None, instance, results)]
+        instance.metrics.rows_out += len(raws)
+        window_start = columns[-1]
+        key_data = dict(zip(self.key_columns, columns))
+        return [self._frame(key_data, window_start, window_start + self.spec.length_ms, None, results)]
 
     def _close_sessions(self, instance: "OperatorInstance", watermark_ms: int) -> list[pd.DataFrame]:
         due = instance.timers.due(watermark_ms + 1)  # timers strictly before the threshold
@@ -559,23 +647,29 @@ class WindowRuntime:
             heapq.heapify(self._heap)
         return self._open
 
+    def _group_index(self, state: KeyGroupCache) -> _KeyGroupWindows:
+        if self._grouped is None:
+            self._grouped = _KeyGroupWindows.of(state)
+        return self._grouped
+
     def reload(self) -> None:
         """The state changed under the instance (a restore, an adopted store): rebuild the index when next needed."""
         self._open = None
         self._heap = []
+        self._grouped = None
 
     # ------------------------------------------------------------ output frames
     def _frame(
         self,
-        ukeys: list[NormalizedKey],
+        key_data: dict[str, Any],
         starts: Any,
         ends: Any,
         accs: Optional[list[Any]],
         results: Optional[dict[str, Any]] = None,
     ) -> pd.DataFrame:
-        """Output rows: the key columns, window start and end, then each output (from ``accs``, the
-        accumulators, or ``results``, the outputs' columns)."""
-        data: dict[str, Any] = key_column_values(ukeys, self.key_columns)
+        """Output rows: the key columns (``key_data``), window start and end, then each output (from
+        ``accs``, the accumulators, or ``results``, the outputs' columns)."""
+        data: dict[str, Any] = dict(key_data)
         data[WINDOW_START] = timestamps(starts)
         data[WINDOW_END] = timestamps(ends)
         if results is not None:
@@ -604,12 +698,15 @@ class WindowRuntime:
                 users = [(u,) for u in users]
         else:
             users = [k[:-1] for k in keys]
-        return self._frame(users, starts, starts + self.spec.length_ms, accs, results)
+        return self._frame(key_column_values(users, self.key_columns), starts, starts + self.spec.length_ms, accs, results)
 
     def _session_frame(self, sessions: list[tuple[NormalizedKey, list[Any]]], instance: "OperatorInstance") -> pd.DataFrame:
         instance.metrics.rows_out += len(sessions)
         return self._frame(
-            [u for u, _ in sessions], [w[0] for _, w in sessions], [w[1] for _, w in sessions], [w[2] for _, w in sessions]
+            key_column_values([u for u, _ in sessions], self.key_columns),
+            [w[0] for _, w in sessions],
+            [w[1] for _, w in sessions],
+            [w[2] for _, w in sessions],
         )
 
 

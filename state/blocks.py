@@ -39,6 +39,7 @@ from __future__ import annotations
 import struct
 import weakref
 from collections import OrderedDict
+from itertools import compress, repeat
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple, Optional, Sequence
 
 import numpy as np
@@ -250,8 +251,7 @@ class _KeyGroup:
 
     def rows_of(self, keys: Sequence[bytes]) -> np.ndarray:
         """The row of each raw key (-1: not held)."""
-        get = self.index.get
-        return np.array([get(k, -1) for k in keys], dtype=np.int64)
+        return np.fromiter(map(self.index.get, keys, repeat(-1)), dtype=np.int64, count=len(keys))
 
     def add(self, keys: Sequence[bytes]) -> np.ndarray:
         """New rows for raw keys not held (distinct), with no value yet; their rows."""
@@ -267,9 +267,9 @@ class _KeyGroup:
 
     def delete(self, rows: np.ndarray) -> None:
         """Drop the entries of ``rows`` (their rows stay dead until :meth:`compact`)."""
-        index = self.index
+        index, keys = self.index, self.keys
         for row in rows.tolist():
-            del index[self.keys[row]]
+            del index[keys[row]]
         self.live_bytes -= int(self._lengths[rows].sum())
         self._lengths[rows] = -1
         self.dirty = True
@@ -301,7 +301,7 @@ class _KeyGroup:
         put = lengths >= 0
         new = put & (rows < 0)
         if new.any():
-            rows[new] = self.add([k for k, m in zip(keys, new.tolist()) if m])
+            rows[new] = self.add(list(compress(keys, new.tolist())))
         gone = ~put & (rows >= 0)
         if gone.any():
             self.delete(rows[gone])
@@ -314,7 +314,7 @@ class _KeyGroup:
         alive = lengths >= 0
         starts, lengths = self.starts[alive], lengths[alive]  # before the keys shrink (the views follow them)
         if not alive.all():
-            self.keys = [k for k, keep in zip(self.keys, alive.tolist()) if keep]
+            self.keys = list(compress(self.keys, alive.tolist()))
             self.index = dict(zip(self.keys, range(len(self.keys))))
         self._data = self._data[concatenated_ranges(starts, lengths)]
         self.used = len(self._data)
@@ -610,19 +610,19 @@ class KeyGroupCache(Store):
         self,
         nkeys: Sequence[NormalizedKey],
         update: Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]],
-    ) -> None:
+    ) -> np.ndarray:
         """Read the serialized values of distinct ``nkeys`` as :meth:`read_values` gives them, hand them
         to ``update``, and set each key to what it returns (``(buffer, starts, lengths)`` in the same
         order; length -1 deletes). The keys are located once; when the key groups fit the bounds they
-        stay held in between."""
-        self._update(nkeys, update, "update_values")
+        stay held in between. Returns each key's key group (int64), found on the way."""
+        return self._update(nkeys, update, "update_values")
 
     def _update(
         self,
         nkeys: Sequence[NormalizedKey],
         update: Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]],
         caller: str,
-    ) -> None:
+    ) -> np.ndarray:
         """:meth:`update_values`, its error naming ``caller``."""
         self._check_open()
         raw_keys, located = self._locate(nkeys)
@@ -633,6 +633,10 @@ class KeyGroupCache(Store):
         if len(new_starts) != len(raw_keys) or len(new_lengths) != len(raw_keys):
             raise ValueError(f"update returned {len(new_starts)} values for {len(raw_keys)} keys")
         self._scatter(parts, source, np.asarray(new_starts, dtype=np.int64), np.asarray(new_lengths, dtype=np.int64))
+        key_groups = np.empty(len(raw_keys), dtype=np.int64)
+        for prefix, at in located:
+            key_groups[at] = int.from_bytes(prefix, "big")
+        return key_groups
 
     def write_values(self, nkeys: Sequence[NormalizedKey], source: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> None:
         """Set each key's serialized value to ``source[starts[i]:starts[i] + lengths[i]]`` (length -1
@@ -843,15 +847,7 @@ class KeyGroupCache(Store):
     def key_list(self) -> list[NormalizedKey]:
         """Every key with a value, normalized, in no particular order (written back first; only the keys
         of each block record are parsed, not its values). O(n)."""
-        self._check_open()
-        self.flush()
-        raws: list[bytes] = []
-        for raw_key, raw_value in self._table.iter_raw():
-            if is_block_key(raw_key):
-                raws.extend(_parse(raw_value)[0])
-            else:
-                raws.append(raw_key)  # a per-key record over a block (a per-key checkpoint restored)
-        return self._table.decode_raw_keys(list(dict.fromkeys(raws)))
+        return self._table.decode_raw_keys(self.raw_key_list())
 
     def pop_values(self, nkeys: Sequence[NormalizedKey]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Delete distinct ``nkeys`` and return their serialized values as :meth:`read_values` gives them
@@ -865,6 +861,64 @@ class KeyGroupCache(Store):
 
         self._update(nkeys, delete, "pop_many")
         return popped[0], popped[1], popped[2]
+
+    def pop_selected(
+        self, key_groups: Iterable[int], select: Callable[[list[bytes]], np.ndarray]
+    ) -> tuple[list[bytes], np.ndarray, np.ndarray, np.ndarray]:
+        """Delete the entries of ``key_groups`` that ``select`` picks and return them: ``(raw keys, buffer,
+        starts, lengths)``, the values as :meth:`read_values` gives them.
+
+        ``select`` gets a key group's raw keys (rows of deleted entries among them) and returns a bool
+        mask over them; nothing is encoded or looked up per key, so popping what a predicate on the raw
+        keys picks (windows by the start their keys end with) costs numpy work per key group. A key
+        group not held is loaded; the bounds are kept after each. O(entries of the key groups)."""
+        self._check_open()
+        raws: list[bytes] = []
+        # Each group's whole buffer (one copy, no gather of ranges) and the popped rows' ranges in it.
+        buffers: list[np.ndarray] = []
+        all_starts: list[np.ndarray] = []
+        all_lengths: list[np.ndarray] = []
+        offset = 0
+        for g in key_groups:
+            prefix = int(g).to_bytes(KEY_GROUP_BYTES, "big")
+            group = self._held(prefix, 0)
+            lengths = group.lengths
+            picked = np.asarray(select(group.keys), dtype=bool)
+            if picked.shape != lengths.shape:
+                raise ValueError(f"select returned a mask of shape {picked.shape} for {len(lengths)} raw keys")
+            picked &= lengths >= 0
+            rows = np.flatnonzero(picked)
+            if len(rows):
+                data = group.data  # its bytes are never rewritten in place (updates append, compaction copies)
+                buffers.append(data)
+                all_starts.append(group.starts[rows] + offset)
+                all_lengths.append(lengths[rows])
+                offset += len(data)
+                keys = group.keys
+                raws.extend([keys[r] for r in rows.tolist()])
+                before = self._changing(group)
+                group.delete(rows)
+                self._changed(prefix, group, before)
+                self._touched(prefix, group)
+            del group
+            self._bound()
+        self._sync_dirty()
+        if not raws:
+            return raws, np.empty(0, np.uint8), np.empty(0, np.int64), np.empty(0, np.int64)
+        return raws, np.concatenate(buffers), np.concatenate(all_starts), np.concatenate(all_lengths)
+
+    def raw_key_list(self) -> list[bytes]:
+        """The raw keys of every entry, in no particular order (written back first; only the keys of each
+        block record are parsed). O(n)."""
+        self._check_open()
+        self.flush()
+        raws: list[bytes] = []
+        for raw_key, raw_value in self._table.iter_raw():
+            if is_block_key(raw_key):
+                raws.extend(_parse(raw_value)[0])
+            else:
+                raws.append(raw_key)  # a per-key record over a block (a per-key checkpoint restored)
+        return list(dict.fromkeys(raws))
 
     def pop_many(self, keys: Iterable[Any], default: Any = None) -> list[Any]:
         """:meth:`Store.pop_many`, the keys located once (see :meth:`pop_values`)."""

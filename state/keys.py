@@ -277,6 +277,31 @@ def key_column_values(
     return {name: [row[i] for row in rows] for i, name in enumerate(names)}
 
 
+def long_columns(raw_keys: Sequence[bytes], offset: int = 0) -> list[np.ndarray] | None:
+    """The elements of canonical key bytes (from ``offset``) as int64 columns, when every key is the same
+    number of ints only; None otherwise (decode those with :func:`decode_key`).
+
+    An int element is ``0x01`` and 8 big-endian bytes, so keys of ints only have one width and each
+    column is a strided view of the joined keys: numpy work, no Python per key."""
+    n = len(raw_keys)
+    if not n:
+        return None
+    width = len(raw_keys[0])
+    m, rest = divmod(width - offset, 9)
+    if rest or not m:
+        return None
+    joined = b"".join(raw_keys)
+    if len(joined) != n * width or len(set(map(len, raw_keys))) != 1:
+        return None
+    tags = np.ndarray((n, m), dtype=np.uint8, buffer=joined, offset=offset, strides=(width, 9))
+    if not (tags == _B_INT).all():
+        return None
+    return [
+        np.ndarray((n,), dtype=">i8", buffer=joined, offset=offset + 9 * i + 1, strides=(width,)).astype(np.int64)
+        for i in range(m)
+    ]
+
+
 def _micros(value: _dt.datetime) -> tuple[int, bool]:
     if value.tzinfo is None or value.utcoffset() is None:
         delta = value - _EPOCH_NAIVE

@@ -851,9 +851,12 @@ class ColumnarLayout:
                 )
         raise ValueError("a stored aggregate() state is truncated")
 
-    def merge_into(self, cache: "KeyGroupCache", keys: Sequence[Any], incoming: list[Any]) -> list[Any]:
+    def merge_into(
+        self, cache: "KeyGroupCache", keys: Sequence[Any], incoming: list[Any]
+    ) -> tuple[list[Any], np.ndarray]:
         """Merge the block ``incoming`` (one row per key) into the accumulators ``cache`` holds for the
-        distinct normalized ``keys``, read and written as byte ranges (no object per key); the merged block."""
+        distinct normalized ``keys``, read and written as byte ranges (no object per key): the merged
+        block, and each key's key group (what ``update_values`` returns)."""
         merged: list[Any] = []
 
         def update(buffer: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -861,8 +864,8 @@ class ColumnarLayout:
             encoded, begins, ends = self.encode_buffer(merged)
             return encoded, begins, ends - begins
 
-        cache.update_values(keys, update)
-        return merged
+        key_groups = cache.update_values(keys, update)
+        return merged, key_groups
 
     def encode(self, block: list[Any]) -> list[bytes]:
         """One stored value per row of ``block`` (the bytes of a :class:`PackedAccumulator`)."""

@@ -219,11 +219,11 @@ def test_a_batch_failing_after_it_deleted_expired_accumulators_is_retried_with_t
         return delete_many(self, keys)
 
     def failing_merge(self, cache, keys, incoming):
-        block = merge_into(self, cache, keys, incoming)
+        merged = merge_into(self, cache, keys, incoming)
         if deleted and not failed:  # the expired accumulators deleted and the merge done: then the failure
             failed.append(sum(deleted))
             raise OSError("disk full")
-        return block
+        return merged
 
     monkeypatch.setattr(KeyGroupCache, "delete_many", counted_delete)
     monkeypatch.setattr(ColumnarLayout, "merge_into", failing_merge)
@@ -335,6 +335,30 @@ def test_windowed_aggregates_equal_the_per_key_layouts_through_evictions_and_res
     schedule, bound = (1, 3, 2), 40  # a bound of 40 (key, window) entries: key groups are evicted every batch
     expected = run("key", tmp_path / "key", frames, schedule, bound, window, emit)
     got = run("key_group", tmp_path / "key_group", frames, schedule, bound, window, emit)
+    assert sum(map(len, got)) > 0
+    pd.testing.assert_frame_equal(with_batch(got), with_batch(expected))
+    assert checkpoint_table(tmp_path / "key_group") == checkpoint_table(tmp_path / "key")
+
+
+def test_windows_of_a_string_and_long_key_equal_the_per_key_layouts_through_evictions_and_rescales(tmp_path):
+    # Raw keys of several widths: window starts read from their ends, the closed windows' keys decoded one by one.
+    frames = [
+        f.assign(name="user-" + (f["k"] % 7).astype(str) * (1 + f["k"] % 3), k=f["k"] // 7)
+        for f in batches(6, 8, timed=True)
+    ]
+
+    def run_with(layout: str, location) -> list[pd.DataFrame]:
+        outputs = []
+        for i, parallelism in enumerate((1, 3)):
+            op = cached_state(max_entries=40, store="rocksdb", layout=layout)(aggregate(AGGS, window=Tumbling("1 minute")))
+            runner = LocalRunner(op, key=["name", "k"], parallelism=parallelism, clock=Clock(),
+                                 checkpoint_location=location, event_time="ts", watermark_delay_ms=20_000)
+            outputs += [runner.process(f) for f in frames[i * 4 : (i + 1) * 4]]
+            runner.close()
+        return outputs
+
+    expected = run_with("key", tmp_path / "key")
+    got = run_with("key_group", tmp_path / "key_group")
     assert sum(map(len, got)) > 0
     pd.testing.assert_frame_equal(with_batch(got), with_batch(expected))
     assert checkpoint_table(tmp_path / "key_group") == checkpoint_table(tmp_path / "key")

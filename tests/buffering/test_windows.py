@@ -12,7 +12,8 @@ import pandas as pd
 import pytest
 
 from buffering import Count, LocalRunner, Sum, aggregate, cached_state, mini_batch
-from buffering.windows import Hopping, Session, Tumbling, WindowConfig
+from buffering.windows import Hopping, Session, Tumbling, WindowConfig, window_starts
+from state import encode_key, normalize_key
 
 from .helpers import Clock, plain
 
@@ -374,6 +375,16 @@ def test_a_key_column_named_like_a_window_column_is_refused():
     runner = LocalRunner(aggregate(AGGS, window=Tumbling("10s")), key="window_end", event_time="ts")
     with pytest.raises(ValueError, match="window_end"):
         runner.process(pd.DataFrame({"window_end": [1], "ts": ms([1]), "v": [1]}))
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [[(k, k * 60_000 - 10**12) for k in range(40)], [("x" * (k % 5), k, -(2**63) + k) for k in range(40)]],
+    ids=["one-width", "several-widths"],
+)
+def test_window_starts_are_the_last_element_of_each_raw_key(keys):
+    raws = [b"\x00\x03" + encode_key(normalize_key(k)) for k in keys]
+    assert window_starts(raws).tolist() == [k[-1] for k in keys]
 
 
 def test_window_config_reads_durations_as_milliseconds():

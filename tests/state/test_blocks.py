@@ -140,6 +140,42 @@ def test_update_values_hands_the_values_over_and_writes_what_comes_back(table):
     assert 2 not in cache
 
 
+def test_update_values_returns_each_keys_key_group(table):
+    cache = KeyGroupCache(table)
+    keys = list(range(40))
+    got = cache.update_values(keys, lambda b, s, n: (b, s, n))
+    assert got.tolist() == [table.key_group(k) for k in keys]
+
+
+def test_pop_selected_deletes_and_returns_the_entries_the_predicate_picks_in_the_key_groups_named(tmp_path):
+    store = RocksDBStore(tmp_path / "db", max_parallelism=8, group_columns=1)
+    cache = KeyGroupCache(store, max_entries=10)  # 40 entries in 8 key groups: most are evicted meanwhile
+    pairs = [((k, start), f"{k}@{start}") for k in range(20) for start in (0, 60_000)]
+    cache.put_many(pairs)
+    cache.delete_many([(3, 0)])  # a dead row in its block: never popped
+    groups = sorted({store.key_group(key) for key, _ in pairs})
+    named = groups[:-1]  # the last key group's entries stay, whatever the predicate says
+    starting_at_zero = b"\x01" + (0).to_bytes(8, "big")
+
+    raws, buffer, starts, lengths = cache.pop_selected(
+        named, lambda raw_keys: np.array([raw.endswith(starting_at_zero) for raw in raw_keys], dtype=bool)
+    )
+
+    values = [pickle.loads(buffer[s : s + n].tobytes()) for s, n in zip(starts.tolist(), lengths.tolist())]
+    expected = {key: value for key, value in pairs if key[1] == 0 and key != (3, 0) and store.key_group(key) in named}
+    assert dict(zip(store.decode_raw_keys(raws), values)) == expected and len(raws) == len(expected)
+    assert dict(cache.items()) == {key: value for key, value in pairs if key not in expected and key != (3, 0)}
+    cache.close()
+
+
+def test_pop_selected_refuses_a_mask_of_another_length(table):
+    cache = KeyGroupCache(table)
+    cache.put_many([(1, "a")])
+    with pytest.raises(ValueError, match="mask of shape"):
+        cache.pop_selected([table.key_group(1)], lambda raws: np.ones(len(raws) + 1, dtype=bool))
+    assert cache.get(1) == "a"
+
+
 def test_update_values_refuses_repeated_keys_and_a_short_answer(table):
     cache = KeyGroupCache(table)
     with pytest.raises(ValueError, match="distinct"):

@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from state import decode_key, encode_key, key_group, normalize_key
-from state.keys import SPARK_HASH_SEED, denormalize_key, normalize_keys, split_pairs, key_groups_of_longs, spark_hash, spark_hash_ints, spark_hash_longs
+from state.keys import SPARK_HASH_SEED, denormalize_key, key_groups_of_longs, long_columns, normalize_keys, split_pairs, spark_hash, spark_hash_ints, spark_hash_longs
 
 from .helpers import INT64_MAX, INT64_MIN, KEY_POOL, PLUS_ONE, UTC, hsettings, key_tuples, scalar_values
 
@@ -421,3 +421,26 @@ def test_key_column_values_names_a_key_of_another_width():
 
     with pytest.raises(ValueError, match=r"key \(1, 'a'\) has 2 columns"):
         key_column_values([(1, "a")], ["n"])
+
+
+def test_long_columns_of_keys_of_longs_are_their_columns():
+    keys = [(k, -k * 60_000) for k in range(-50, 50)] + [(2**63 - 1, -(2**63))]
+    raws = [b"\x00\x07" + encode_key(normalize_key(k)) for k in keys]
+    columns = long_columns(raws, 2)
+    assert [c.dtype for c in columns] == [np.int64, np.int64]
+    assert list(zip(*(c.tolist() for c in columns))) == keys
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        [(1, 2), (1.5, 2)],  # a float is 8 bytes too: the same width, another tag
+        [(1, 2), (dt.datetime(2024, 1, 1), 2)],
+        [("a", 2), ("b", 2)],
+        [(1, 2), (1, 2, 3)],
+        [(1, None), (None, 1)],
+    ],
+    ids=["float", "datetime", "strings", "widths", "nulls"],
+)
+def test_long_columns_of_keys_not_all_longs_is_none(keys):
+    assert long_columns([encode_key(normalize_key(k)) for k in keys]) is None

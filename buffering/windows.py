@@ -286,13 +286,12 @@ class _KeyGroupWindows:
         self.heap: list[int] = []
 
     @classmethod
-    def of(cls, cache: KeyGroupCache) -> "_KeyGroupWindows":
-        """The open windows ``cache`` holds (read from its table after a write-back)."""
+    def of(cls, cache: KeyGroupCache, key_groups: Sequence[int]) -> "_KeyGroupWindows":
+        """The open windows ``cache`` holds in ``key_groups``, read from their blocks (which a merge or a
+        close would load next anyway)."""
         index = cls()
-        raws = cache.raw_key_list()
-        if raws:
-            groups = np.frombuffer(b"".join([k[:KEY_GROUP_BYTES] for k in raws]), dtype=">u2").astype(np.int64)
-            index.record(window_starts(raws), groups)
+        for group, raws in cache.iter_group_keys(key_groups):
+            index.record(window_starts(raws), np.full(len(raws), group, dtype=np.int64))
         return index
 
     def record(self, starts: np.ndarray, key_groups: np.ndarray) -> None:
@@ -474,7 +473,7 @@ class WindowRuntime:
         assert layout is not None
         state = instance.state
         if isinstance(state, KeyGroupCache):  # cached_state(layout="key_group"): merged as byte ranges
-            index = self._group_index(state)
+            index = self._group_index(instance, state)
             block, key_groups = layout.merge_into(state, keys, incoming)
             index.record(np.fromiter((k[-1] for k in keys), dtype=np.int64, count=len(keys)), key_groups)
             if self.config.emit != "update":
@@ -584,7 +583,7 @@ class WindowRuntime:
         """Close the windows with a start <= ``last_start`` of state kept as key-group blocks: popped from
         the key groups that hold them, selected by the start their raw keys end with."""
         assert self.layout is not None
-        groups = self._group_index(state).due(last_start)
+        groups = self._group_index(instance, state).due(last_start)
         if not groups:
             return []
         raws, buffer, starts, lengths = state.pop_selected(sorted(groups), lambda keys: window_starts(keys) <= last_start)
@@ -647,9 +646,9 @@ class WindowRuntime:
             heapq.heapify(self._heap)
         return self._open
 
-    def _group_index(self, state: KeyGroupCache) -> _KeyGroupWindows:
+    def _group_index(self, instance: "OperatorInstance", state: KeyGroupCache) -> _KeyGroupWindows:
         if self._grouped is None:
-            self._grouped = _KeyGroupWindows.of(state)
+            self._grouped = _KeyGroupWindows.of(state, instance.key_groups)
         return self._grouped
 
     def reload(self) -> None:

@@ -907,6 +907,19 @@ class KeyGroupCache(Store):
             return raws, np.empty(0, np.uint8), np.empty(0, np.int64), np.empty(0, np.int64)
         return raws, np.concatenate(buffers), np.concatenate(all_starts), np.concatenate(all_lengths)
 
+    def iter_group_keys(self, key_groups: Iterable[int]) -> Iterator[tuple[int, list[bytes]]]:
+        """``(key group, raw keys of its entries)`` for each of ``key_groups`` holding entries, the key
+        groups loaded as a read loads them (bounds kept after each). O(entries of the key groups)."""
+        self._check_open()
+        for g in key_groups:
+            group = self._held(int(g).to_bytes(KEY_GROUP_BYTES, "big"), 0)
+            if len(group):
+                alive = group.lengths >= 0
+                keys = list(group.keys) if alive.all() else list(compress(group.keys, alive.tolist()))
+                del group
+                self._bound()
+                yield int(g), keys
+
     def raw_key_list(self) -> list[bytes]:
         """The raw keys of every entry, in no particular order (written back first; only the keys of each
         block record are parsed). O(n)."""

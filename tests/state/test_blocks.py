@@ -168,6 +168,20 @@ def test_pop_selected_deletes_and_returns_the_entries_the_predicate_picks_in_the
     cache.close()
 
 
+def test_iter_group_keys_gives_the_raw_keys_of_each_key_group_holding_entries(table):
+    cache = KeyGroupCache(table, max_entries=10)  # 60 entries: key groups loaded and evicted on the way
+    cache.put_many([(k, k) for k in range(60)])
+    cache.flush()
+    cache.delete_many(range(0, 60, 3))  # dead rows in the held blocks are not keys
+    got = dict(cache.iter_group_keys(range(8)))
+    expected: dict[int, set] = {}
+    for k in range(60):
+        if k % 3:
+            expected.setdefault(table.key_group(k), set()).add(table.raw_keys([k])[0])
+    assert {g: set(raws) for g, raws in got.items()} == expected
+    assert all(len(raws) == len(set(raws)) for raws in got.values())
+
+
 def test_pop_selected_refuses_a_mask_of_another_length(table):
     cache = KeyGroupCache(table)
     cache.put_many([(1, "a")])

@@ -99,6 +99,17 @@ def concatenated_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.arange(total, dtype=np.int64) + np.repeat(starts.astype(np.int64) - (ends - lengths), lengths)
 
 
+def gather_ranges(source: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``source[s:s + n]`` for each (s, n), concatenated. Values of one width lying at multiples of it
+    (fixed-width accumulators, as a merge encodes them and a block keeps them) are gathered as rows of
+    a 2-D view, one copy per value instead of an index per byte."""
+    if len(lengths):
+        width = int(lengths[0])
+        if width > 0 and len(source) % width == 0 and (lengths == width).all() and not (starts % width).any():
+            return source.reshape(-1, width)[starts // width].reshape(-1)
+    return source[concatenated_ranges(starts, lengths)]
+
+
 def _record(keys: Sequence[bytes], key_lengths: np.ndarray, value_lengths: np.ndarray, values: bytes) -> bytes:
     """A block record's value: ``MAGIC``, the count, the key and value lengths, the keys, the values."""
     table = np.concatenate([key_lengths, value_lengths]).astype("<u4")
@@ -282,7 +293,7 @@ class _KeyGroup:
         total = int(lengths.sum())
         used = self.used
         self._data = _grown(self._data, used, used + total)
-        self._data[used : used + total] = source[concatenated_ranges(starts, lengths)]
+        self._data[used : used + total] = gather_ranges(source, starts, lengths)
         self.used = used + total
         self._starts[rows] = np.cumsum(lengths) - lengths + used
         self._lengths[rows] = lengths
@@ -316,7 +327,7 @@ class _KeyGroup:
         if not alive.all():
             self.keys = list(compress(self.keys, alive.tolist()))
             self.index = dict(zip(self.keys, range(len(self.keys))))
-        self._data = self._data[concatenated_ranges(starts, lengths)]
+        self._data = gather_ranges(self.data, starts, lengths)
         self.used = len(self._data)
         self._lengths = lengths
         self._starts = np.cumsum(lengths) - lengths
@@ -576,7 +587,7 @@ class KeyGroupCache(Store):
             if found.any():
                 held_rows = rows[found]
                 row_lengths = group.lengths[held_rows]
-                pieces.append(group.data[concatenated_ranges(group.starts[held_rows], row_lengths)])
+                pieces.append(gather_ranges(group.data, group.starts[held_rows], row_lengths))
                 starts[at[found]] = offset + np.cumsum(row_lengths) - row_lengths
                 lengths[at[found]] = row_lengths
                 offset += int(row_lengths.sum())

@@ -11,7 +11,16 @@ import numpy as np
 import pytest
 
 from state import RocksDBStore
-from state.blocks import KeyGroupCache, decode_block, encode_block, is_block_key, iter_entries, split_blocks
+from state.blocks import (
+    KeyGroupCache,
+    concatenated_ranges,
+    decode_block,
+    encode_block,
+    gather_ranges,
+    is_block_key,
+    iter_entries,
+    split_blocks,
+)
 
 from .helpers import Probe
 
@@ -43,6 +52,24 @@ def _churn(cache, seed: int, keyspace: int, steps: int, most: int, flush_every: 
             cache.put_many((k, b"v" * int(rng.integers(1, 300))) for k in keys)
         cache.get_many(rng.integers(0, keyspace, 10).tolist())
         yield
+
+
+@pytest.mark.parametrize(
+    "starts, lengths",
+    [
+        ([8, 0, 24, 16], [8, 8, 8, 8]),  # one width, at multiples of it: gathered as rows
+        ([3, 11], [8, 8]),  # one width, not at multiples of it
+        ([0, 8, 20], [8, 12, 4]),  # several widths
+        ([0, 8], [0, 0]),
+        ([], []),
+    ],
+)
+def test_gather_ranges_concatenates_the_byte_ranges(starts, lengths):
+    source = np.arange(32, dtype=np.uint8)
+    starts, lengths = np.array(starts, dtype=np.int64), np.array(lengths, dtype=np.int64)
+    expected = b"".join(source[s : s + n].tobytes() for s, n in zip(starts.tolist(), lengths.tolist()))
+    assert gather_ranges(source, starts, lengths).tobytes() == expected
+    assert source[concatenated_ranges(starts, lengths)].tobytes() == expected
 
 
 def test_a_write_back_stores_block_records_per_key_group_holding_the_per_key_records(table, tmp_path):

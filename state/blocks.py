@@ -885,11 +885,8 @@ class KeyGroupCache(Store):
         group not held is loaded; the bounds are kept after each. O(entries of the key groups)."""
         self._check_open()
         raws: list[bytes] = []
-        # Each group's whole buffer (one copy, no gather of ranges) and the popped rows' ranges in it.
-        buffers: list[np.ndarray] = []
-        all_starts: list[np.ndarray] = []
+        pieces: list[np.ndarray] = []
         all_lengths: list[np.ndarray] = []
-        offset = 0
         for g in key_groups:
             prefix = int(g).to_bytes(KEY_GROUP_BYTES, "big")
             group = self._held(prefix, 0)
@@ -900,11 +897,9 @@ class KeyGroupCache(Store):
             picked &= lengths >= 0
             rows = np.flatnonzero(picked)
             if len(rows):
-                data = group.data  # its bytes are never rewritten in place (updates append, compaction copies)
-                buffers.append(data)
-                all_starts.append(group.starts[rows] + offset)
-                all_lengths.append(lengths[rows])
-                offset += len(data)
+                row_lengths = lengths[rows]
+                pieces.append(gather_ranges(group.data, group.starts[rows], row_lengths))
+                all_lengths.append(row_lengths)
                 keys = group.keys
                 raws.extend([keys[r] for r in rows.tolist()])
                 before = self._changing(group)
@@ -916,7 +911,8 @@ class KeyGroupCache(Store):
         self._sync_dirty()
         if not raws:
             return raws, np.empty(0, np.uint8), np.empty(0, np.int64), np.empty(0, np.int64)
-        return raws, np.concatenate(buffers), np.concatenate(all_starts), np.concatenate(all_lengths)
+        lengths = np.concatenate(all_lengths)
+        return raws, np.concatenate(pieces), np.cumsum(lengths) - lengths, lengths
 
     def iter_group_keys(self, key_groups: Iterable[int]) -> Iterator[tuple[int, list[bytes]]]:
         """``(key group, raw keys of its entries)`` for each of ``key_groups`` holding entries, the key

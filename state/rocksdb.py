@@ -32,7 +32,7 @@ from rocksdict import (
 
 from .base import MISSING, Store, StoreClosedError, StoreError, StoreLockedError
 from .raw import KEY_GROUP_BYTES
-from .keygroups import DEFAULT_MAX_PARALLELISM
+from .keygroups import DEFAULT_MAX_PARALLELISM, key_group_from_hash
 from .keys import (
     NormalizedKey,
     decode_key,
@@ -276,9 +276,17 @@ class RocksDBStore(Store):
         return self._prefixes[h % self.max_parallelism] + encode_key(nkey)
 
     def key_group(self, key: Any) -> int:
-        """The key group ``key`` is stored under: of its first ``group_columns`` columns in a table that
-        groups its keys (a key and a window start: the key's), else of the whole key."""
-        return int.from_bytes(self._encode(normalize_key(key))[:_KG_BYTES], "big")
+        """The key group ``key`` is stored under: in a table that groups its keys, that of its first
+        ``group_columns`` columns (a key and a window start: the key's; the grouping key alone gives the
+        same), else that of the whole key."""
+        if self.group_columns is None:
+            return super().key_group(key)
+        columns = key_columns(normalize_key(key))
+        if len(columns) < self.group_columns:
+            raise ValueError(
+                f"key {key!r} of table {self.name!r} has fewer than its {self.group_columns} grouping column(s)"
+            )
+        return key_group_from_hash(spark_hash(columns[: self.group_columns], self.key_types), self.max_parallelism)
 
     def _group_prefix(self, group_key: Any) -> bytes:
         """Raw bytes every key of ``group_key`` starts with (a table with ``group_columns``)."""

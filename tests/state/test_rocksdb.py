@@ -414,6 +414,7 @@ def test_key_group_of_a_grouped_tables_key_is_the_key_group_it_is_stored_under(t
     keys = [(k, s) for k in range(30) for s in (0, 60_000)]
     assert [grouped.key_group(key) for key in keys] == [grouped.key_group_of_raw(raw) for raw in grouped.raw_keys(keys)]
     assert [grouped.key_group(key) for key in keys] == [plain.key_group(key[:1]) for key in keys]  # the key's own
+    assert [grouped.key_group(key[:1]) for key in keys] == [grouped.key_group(key) for key in keys]
     assert [plain.key_group(key) for key in keys] == [plain.key_group_of_raw(raw) for raw in plain.raw_keys(keys)]
     grouped.close()
     plain.close()

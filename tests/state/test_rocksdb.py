@@ -420,6 +420,13 @@ def test_key_group_of_a_grouped_tables_key_is_the_key_group_it_is_stored_under(t
     plain.close()
 
 
+def test_key_group_of_a_key_shorter_than_the_grouping_columns_is_an_error_naming_it(tmp_path):
+    store = RocksDBStore(str(tmp_path / "db"), group_columns=2)
+    with pytest.raises(ValueError, match=r"key \(7,\) .* fewer than its 2 grouping"):
+        store.key_group((7,))
+    store.close()
+
+
 def test_key_list_of_other_keys_decodes_them_one_by_one(tmp_path):
     store = RocksDBStore(str(tmp_path / "db"))
     store.put_many([("a", 1), ((1, "b"), 2), (3, 3)])

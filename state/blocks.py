@@ -916,16 +916,28 @@ class KeyGroupCache(Store):
 
     def iter_group_keys(self, key_groups: Iterable[int]) -> Iterator[tuple[int, list[bytes]]]:
         """``(key group, raw keys of its entries)`` for each of ``key_groups`` holding entries, the key
-        groups loaded as a read loads them (bounds kept after each). O(entries of the key groups)."""
+        groups loaded as a read loads them (bounds kept after each). Key groups with nothing held or
+        stored are skipped without a load (one scan of the table's keys over the range finds the
+        stored ones: a few block records per key group). O(entries of the key groups)."""
         self._check_open()
-        for g in key_groups:
-            group = self._held(int(g).to_bytes(KEY_GROUP_BYTES, "big"), 0)
-            if len(group):
-                alive = group.lengths >= 0
-                keys = list(group.keys) if alive.all() else list(compress(group.keys, alive.tolist()))
-                del group
-                self._bound()
-                yield int(g), keys
+        wanted = sorted({int(g) for g in key_groups})
+        if not wanted:
+            return
+        lower = wanted[0].to_bytes(KEY_GROUP_BYTES, "big")
+        upper = _prefix_after(wanted[-1].to_bytes(KEY_GROUP_BYTES, "big"))
+        present = {raw[:KEY_GROUP_BYTES] for raw in self._table.iter_raw_keys(lower, upper)}
+        present.update(prefix for prefix in self._groups if lower <= prefix < upper)
+        for g in wanted:
+            prefix = g.to_bytes(KEY_GROUP_BYTES, "big")
+            if prefix not in present:
+                continue
+            group = self._held(prefix, 0)
+            alive = group.lengths >= 0
+            keys = list(group.keys) if alive.all() else list(compress(group.keys, alive.tolist()))
+            del group
+            self._bound()
+            if keys:
+                yield g, keys
 
     def raw_key_list(self) -> list[bytes]:
         """The raw keys of every entry, in no particular order (written back first; only the keys of each

@@ -209,6 +209,17 @@ def test_iter_group_keys_gives_the_raw_keys_of_each_key_group_holding_entries(ta
     assert all(len(raws) == len(set(raws)) for raws in got.values())
 
 
+def test_iter_group_keys_loads_no_key_group_without_entries(tmp_path):
+    store = RocksDBStore(tmp_path / "db", max_parallelism=4096, table="state")
+    cache = KeyGroupCache(store)
+    cache.put_many([(k, k) for k in range(3)])
+    cache.flush()
+    cold = KeyGroupCache(store)  # as an adopted instance's: nothing held
+    assert sorted(g for g, _ in cold.iter_group_keys(range(4096))) == sorted({store.key_group(k) for k in range(3)})
+    assert cold.stats()["key_groups"] == 3
+    store.close()
+
+
 def test_pop_selected_refuses_a_mask_of_another_length(table):
     cache = KeyGroupCache(table)
     cache.put_many([(1, "a")])

@@ -858,7 +858,15 @@ class KeyGroupCache(Store):
     def key_list(self) -> list[NormalizedKey]:
         """Every key with a value, normalized, in no particular order (written back first; only the keys
         of each block record are parsed, not its values). O(n)."""
-        return self._table.decode_raw_keys(self.raw_key_list())
+        self._check_open()
+        self.flush()
+        raws: list[bytes] = []
+        for raw_key, raw_value in self._table.iter_raw():
+            if is_block_key(raw_key):
+                raws.extend(_parse(raw_value)[0])
+            else:
+                raws.append(raw_key)  # a per-key record over a block (a per-key checkpoint restored)
+        return self._table.decode_raw_keys(list(dict.fromkeys(raws)))
 
     def pop_values(self, nkeys: Sequence[NormalizedKey]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Delete distinct ``nkeys`` and return their serialized values as :meth:`read_values` gives them
@@ -938,19 +946,6 @@ class KeyGroupCache(Store):
             self._bound()
             if keys:
                 yield g, keys
-
-    def raw_key_list(self) -> list[bytes]:
-        """The raw keys of every entry, in no particular order (written back first; only the keys of each
-        block record are parsed). O(n)."""
-        self._check_open()
-        self.flush()
-        raws: list[bytes] = []
-        for raw_key, raw_value in self._table.iter_raw():
-            if is_block_key(raw_key):
-                raws.extend(_parse(raw_value)[0])
-            else:
-                raws.append(raw_key)  # a per-key record over a block (a per-key checkpoint restored)
-        return list(dict.fromkeys(raws))
 
     def pop_many(self, keys: Iterable[Any], default: Any = None) -> list[Any]:
         """:meth:`Store.pop_many`, the keys located once (see :meth:`pop_values`)."""

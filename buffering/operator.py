@@ -419,7 +419,7 @@ class OperatorInstance:
         return self._files.root
 
     # ------------------------------------------------------------ handing the working store over
-    def suspend(self, keep_open: bool = False) -> None:
+    def suspend(self) -> None:
         """Write everything to the working RocksDB and close it, keeping the Python objects.
 
         Right after a checkpoint the store on disk equals the checkpointed
@@ -427,44 +427,24 @@ class OperatorInstance:
         :meth:`resume` with its cache still warm. The claim on the directory
         is kept until :meth:`release_workdir`, so that nobody sweeps it before
         the hand-over is recorded.
-
-        ``keep_open``: persist the store's memtables (what it holds is then on
-        disk, whatever happens to this process) but leave it open and its
-        directory claimed, so that :meth:`resume` costs nothing (a reopen takes
-        15-40 ms); :meth:`discard` or :meth:`close` closes it when another
-        process must take it over.
         """
         if self.workdir is None:
             raise TypeError("only an instance with a RocksDB working store can be suspended")
         self._save_pending()
         self._flush_caches()
-        root = self._root
-        assert isinstance(root, RocksDBStore)
-        if keep_open:
-            root.persist()
-        else:
-            root.close()
+        self._root.close()
         self.suspended = True
-
-    @property
-    def store_open(self) -> bool:
-        """Whether the working RocksDB is open (False for a store in memory, and after :meth:`suspend` closed it)."""
-        root = self._files.root
-        return isinstance(root, RocksDBStore) and not root.closed
 
     def release_workdir(self) -> None:
         """Give up the claim on a suspended instance's directory, so another process can adopt it."""
-        if not self.suspended or self.store_open:
+        if not self.suspended:
             raise RuntimeError("release_workdir() is for a suspended instance: its store must be closed first")
         if self._files.lock is not None:
             self._files.lock.release()
 
     def resume(self) -> None:
-        """Go on after :meth:`suspend` (nobody else has changed the store since): reopen a closed store."""
+        """Reopen the working store after :meth:`suspend` (nobody else has changed it since)."""
         if not self.suspended:
-            return
-        if self.store_open:  # kept open: every table, cache and index is as suspend() left it
-            self.suspended = False
             return
         assert self.workdir is not None
         if self._files.lock is None:

@@ -173,16 +173,12 @@ class _Database:
             cf.set_write_options(self.write_options)
         return cf, self.db.get_column_family_handle(name)
 
-    def persist(self) -> None:
-        """Flush every table's memtable to SST files: without a WAL, only then is a write on disk."""
-        for table in self.tables.values():
-            table._cf.flush(True)
-
     def close(self) -> None:
         if self.closed:
             return
-        self.persist()
         self.closed = True
+        for table in self.tables.values():
+            table._cf.flush(True)
         for table in self.tables.values():
             table._cf = _Closed(self.path)  # type: ignore[assignment]
         self.db.close()
@@ -591,13 +587,6 @@ class RocksDBStore(Store):
     def flush(self) -> None:
         """Persist this table's memtable to SST files (durable without a WAL)."""
         self._cf.flush(True)
-
-    def persist(self) -> None:
-        """Flush the memtables of every table of this database to SST files: what it holds is then on disk,
-        whatever happens to this process (a write is not durable before, there is no WAL). Keeps it open."""
-        if self._database.closed:
-            raise StoreClosedError(f"RocksDBStore at {self.path!r} is closed")
-        self._database.persist()
 
     def close(self) -> None:
         """Flush every table and close the database (only the store that opened it closes it)."""

@@ -13,16 +13,6 @@ and a token); the next task of that instance claims the record and resumes
 its own suspended instance (warm cache), adopts the store another worker left
 (cold cache), or restores from the checkpoint. Stores nobody holds or names
 are swept.
-
-A handed-over store stays open in the process that wrote it, its memtables
-persisted (so what it holds is on disk whatever becomes of that process), and
-a resume reopens nothing: on a cluster with one core per executor every task of
-an instance runs in the worker that ran its last one (a reopen cost 40 ms of a
-250 ms task there). When another worker claims the record, it asks the holder
-(a thread of every worker that holds a store, listening on a Unix socket named
-after its pid) to drop its copy first; a holder that is gone lost its locks
-with its process, and one that does not answer within
-:data:`HOLDER_TIMEOUT_S` leaves the claimer to restore from the checkpoint.
 """
 
 from __future__ import annotations
@@ -31,10 +21,7 @@ import contextlib
 import json
 import os
 import shutil
-import socket
-import sys
 import tempfile
-import threading
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
@@ -70,9 +57,6 @@ class _Live:
 
 
 _LIVE: dict[_Key, _Live] = {}
-#: Guards _LIVE against the holder thread. Never held while waiting on another process or a file lock:
-#: two workers asking each other to close a store must not wait on each other.
-_LIVE_LOCK = threading.RLock()
 _MANIFESTS: dict[tuple[str, int, Optional[bytes]], Manifest] = {}
 
 
@@ -114,12 +98,11 @@ def _claim(directory: str) -> Optional[dict[str, Any]]:
             os.remove(claimed)
 
 
-def _release(directory: str, version: int, token: str, db: str, held: bool) -> None:
-    """Record that ``db`` holds exactly ``version`` on disk: the next task may take it over (from this
-    process's holder first when ``held``: the store is still open here)."""
+def _release(directory: str, version: int, token: str, db: str) -> None:
+    """Record that ``db`` holds exactly ``version`` and is closed: the next task may take it over."""
     tmp = os.path.join(directory, f".owner-{os.getpid()}-{uuid.uuid4().hex}")
     with open(tmp, "w") as f:
-        json.dump({"version": version, "token": token, "db": db, "pid": os.getpid(), "held": held}, f)
+        json.dump({"version": version, "token": token, "db": db, "pid": os.getpid()}, f)
     os.replace(tmp, os.path.join(directory, OWNER_FILE))
 
 
@@ -129,11 +112,10 @@ def _discard(key: _Key) -> None:
     What it released last (a suspended store named by OWNER.json) is on disk
     already; anything after that must not reach the store.
     """
-    with _LIVE_LOCK:
-        live = _LIVE.pop(key, None)
-        if live is not None:
-            with contextlib.suppress(Exception):
-                live.instance.discard()
+    live = _LIVE.pop(key, None)
+    if live is not None:
+        with contextlib.suppress(Exception):
+            live.instance.discard()
 
 
 def discard(plan: TaskPlan, index: int) -> None:
@@ -171,25 +153,21 @@ def _choose_instance(
 ) -> tuple[OperatorInstance, str]:
     key = _key(plan, index)
     claim = _claim(directory)
+    live = _LIVE.get(key)
     if claim is not None and claim.get("version") == context.previous_version:
         db = os.path.join(directory, str(claim["db"]))
         try:
-            with _LIVE_LOCK:
-                live = _LIVE.get(key)
-                if live is not None and live.token == claim.get("token") and live.instance.suspended:
-                    live.instance.resume()
-                    live.token = None
-                    return live.instance, RESUMED
+            if live is not None and live.token == claim.get("token") and live.instance.suspended:
+                live.instance.resume()
+                live.token = None
+                return live.instance, RESUMED
             _discard(key)
-            if claim.get("held") and claim.get("pid") != os.getpid():
-                _ask_to_release(int(claim["pid"]), str(claim.get("token")))
             instance = _new_instance(plan, storage, index, db, fresh=False)
             instance.adopt()
-            with _LIVE_LOCK:
-                _LIVE[key] = _Live(instance, None)
+            _LIVE[key] = _Live(instance, None)
             return instance, ADOPTED
         except StoreLockedError:
-            pass  # a straggling attempt (or a holder that did not answer) still has it open: build a private copy
+            pass  # a straggling attempt still has it open: build a private copy
     _discard(key)
     # A claimed store that is not taken is left to sweep_stores: it is removed unless a
     # straggling attempt still holds it.
@@ -198,9 +176,7 @@ def _choose_instance(
     for name in os.listdir(parent):
         if not name.endswith(f"of{plan.parallelism}"):
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
-    with _LIVE_LOCK:
-        others = [k for k in _LIVE if k[1] == plan.query_id and k[3] != plan.parallelism]
-    for other in others:
+    for other in [k for k in _LIVE if k[1] == plan.query_id and k[3] != plan.parallelism]:
         _discard(other)
     instance = _new_instance(plan, storage, index, os.path.join(directory, f"db-{uuid.uuid4().hex}"), fresh=True)
     if context.previous_version is not None:
@@ -208,8 +184,7 @@ def _choose_instance(
             instance.restore(manifest(plan, storage, context.previous_version))
         except CheckpointCorruptError as exc:
             raise storage.way_back_error(exc, context.previous_version) from exc
-    with _LIVE_LOCK:
-        _LIVE[key] = _Live(instance, None)
+    _LIVE[key] = _Live(instance, None)
     return instance, (NEW if context.previous_version is None else RESTORED)
 
 
@@ -217,98 +192,16 @@ def hand_over(plan: TaskPlan, index: int, instance: OperatorInstance, version: i
     """Suspend instance ``index`` at ``version`` (checkpointed) and record its store for the next task.
 
     Called only once every instance of the task has checkpointed. This process
-    keeps the suspended instance, its store open when this process's holder
-    listens (see the module doc): its next task resumes it when the ownership
+    keeps the suspended instance: its next task resumes it when the ownership
     record still carries this token.
     """
-    held = _holder() is not None
-    instance.suspend(keep_open=held)
+    instance.suspend()
     token = uuid.uuid4().hex
     assert instance.workdir is not None
-    with _LIVE_LOCK:
-        # Before the record names the store: a claimer's request to the holder finds the token.
-        _LIVE[_key(plan, index)].token = token
-    _release(state_dir(plan, index), version, token, os.path.basename(instance.workdir), held)
-    if not held:
-        # Only now that the record names the store may another worker take (or a sweep judge) it.
-        instance.release_workdir()
-
-
-# ---------------------------------------------------------------- the holder of this process's open stores
-#: How long a worker waits for another worker's holder to close a store it claimed, before it restores
-#: the instance from the checkpoint instead (the holder's process may be stuck in a long call).
-HOLDER_TIMEOUT_S = 10.0
-
-_HOLDER: Optional[tuple[int, Optional[socket.socket]]] = None  # (pid, listening socket or None: none here)
-
-
-def _holder_address(pid: int) -> str:
-    # Linux's abstract socket namespace: no file to create or remove, gone with the process.
-    return f"\0opbuffer-holder-{pid}"
-
-
-def _holder() -> Optional[socket.socket]:
-    """This process's holder socket, started on first use (None where abstract Unix sockets do not exist:
-    stores are then closed at every hand-over)."""
-    global _HOLDER
-    if _HOLDER is not None and _HOLDER[0] == os.getpid():
-        return _HOLDER[1]
-    listener: Optional[socket.socket] = None
-    if sys.platform.startswith("linux"):
-        try:
-            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            listener.bind(_holder_address(os.getpid()))
-            listener.listen(16)
-        except OSError:
-            listener = None
-        else:
-            threading.Thread(target=_serve, args=(listener,), name="opbuffer-holder", daemon=True).start()
-    _HOLDER = (os.getpid(), listener)
-    return listener
-
-
-def _serve(listener: socket.socket) -> None:
-    """Answer each request (a token, newline-ended) by closing the store suspended under that token."""
-    while True:
-        try:
-            connection, _ = listener.accept()
-        except OSError:
-            return
-        with connection:
-            try:
-                connection.settimeout(HOLDER_TIMEOUT_S)
-                token = connection.recv(256).decode("ascii", "replace").strip()
-                connection.sendall(b"released\n" if release_held(token) else b"not held\n")
-            except OSError:
-                continue
-
-
-def release_held(token: str) -> bool:
-    """Drop this process's instance suspended under ``token``, closing its store and giving up its
-    directory; False when this process holds none. Called when another worker claimed the instance's
-    record: this copy can never resume (its warm cache goes too, rather than waiting for a next task here)."""
-    with _LIVE_LOCK:
-        for key, live in list(_LIVE.items()):
-            if live.token == token and live.instance.suspended:
-                _discard(key)
-                return True
-    return False
-
-
-def _ask_to_release(pid: int, token: str) -> None:
-    """Ask worker ``pid`` to close the store it handed over under ``token``; wait for it (up to
-    :data:`HOLDER_TIMEOUT_S`). Whatever the answer, the caller then opens the store: RocksDB's lock and the
-    directory claim refuse it if the holder still has it."""
-    if not sys.platform.startswith("linux"):
-        return
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
-        connection.settimeout(HOLDER_TIMEOUT_S)
-        try:
-            connection.connect(_holder_address(pid))
-            connection.sendall(token.encode("ascii") + b"\n")
-            connection.recv(64)
-        except OSError:
-            pass  # gone (its locks went with it), or stuck: the open tells
+    _release(state_dir(plan, index), version, token, os.path.basename(instance.workdir))
+    # Only now that the record names the store may another worker take (or a sweep judge) it.
+    instance.release_workdir()
+    _LIVE[_key(plan, index)].token = token
 
 
 def sweep_stores(directory: str, keep: str) -> list[str]:
@@ -360,7 +253,6 @@ def sweep_stores(directory: str, keep: str) -> list[str]:
 
 def close_all() -> None:
     """Close every live instance of this worker (tests, and interpreter exit)."""
-    with _LIVE_LOCK:
-        while _LIVE:
-            _LIVE.popitem()[1].instance.close()
+    while _LIVE:
+        _LIVE.popitem()[1].instance.close()
     _MANIFESTS.clear()

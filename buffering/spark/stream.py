@@ -76,10 +76,12 @@ PLACEMENTS = ("executor", "batch")
 
 
 #: Input rows per key (or window) merged below which run_stream skips Spark SQL's combine before the
-#: shuffle for the next batch. Measured on local[2] (benchmarks.spark_e2e (g)/(h), benchmarks.windows
-#: (g)/(r), 2026-11-26): at 1.9 rows per window the raw rows were 1.19x faster end to end, at 8.1 rows
-#: per key the two were even (3.38 s raw, 3.47 s combined), at 50 and more the combine was faster.
-RAW_ROWS_PER_KEY = 4
+#: shuffle for the next batch. Measured on local[2] with the key-group layout: count + HyperLogLog at
+#: 8.1 rows per key (benchmarks.spark_e2e (g) against (h) at 100k tweets), the raw rows were faster in 5
+#: of 6 runs (by 3.5-11 %), even in the sixth; at 50 rows per key (10k tweets) the combine was faster in 2
+#: of 3. Count + sum per (key, window) (benchmarks.windows (g) against (r), --keys 25000 / 12500,
+#: 2026-11-27): at 8 rows per window the raw rows were 11-28 % faster, at 16 4-11 %; at 1.9 1.19x.
+RAW_ROWS_PER_KEY = 16
 
 
 @dataclass
@@ -848,8 +850,8 @@ def run_stream(
             the timeouts such a batch would fire, fire at the next batch.
         combine_before_shuffle: pre-aggregate before the shuffle. Default (None): with a mapping
             combiner, and with Spark SQL's partial aggregation where every aggregation has an exact SQL
-            twin, skipped for a batch when the previous one had fewer than ``RAW_ROWS_PER_KEY`` (4)
-            input rows per key merged (e.g. windows that see a few rows each): the rows then go to the
+            twin, skipped for a batch when the previous one had fewer than ``RAW_ROWS_PER_KEY`` (16)
+            input rows per key merged (e.g. many keys that see a few rows each): the rows then go to the
             instances as they are and are folded as columns there. True: always; False: never.
             Rows that reach Python uncombined carry only the columns an aggregate reads (key,
             aggregation inputs, event time); a function gets them all.

@@ -115,7 +115,7 @@ def test_the_sql_combine_is_skipped_after_a_batch_with_few_rows_per_key_and_resu
         query.awaitTermination()
         combines[combine] = [m.combine for m in query.batch_metrics]
         results[combine] = all_rows(out, ["k"])
-    assert RAW_ROWS_PER_KEY == 4
+    assert 1.2 < RAW_ROWS_PER_KEY < 80  # the batches above fall on either side of it
     assert combines == {None: ["sql", "none", "none", "sql"], True: ["sql"] * 4}
     pd.testing.assert_frame_equal(results[None], results[True])
 

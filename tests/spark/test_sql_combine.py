@@ -101,7 +101,7 @@ def test_the_sql_combine_is_skipped_after_a_batch_with_few_rows_per_key_and_resu
         return pd.DataFrame({"k": rng.integers(0, keys, n).astype(np.int64), "x": rng.integers(0, 99, n).astype(np.int64),
                              "s": "a", "f": 0.5})
 
-    frames = [rows(60, 50), rows(60, 50), rows(400, 5), rows(400, 5)]  # about 1.2 and 80 rows per key
+    frames = [rows(60, 50), rows(400, 50), rows(400, 5), rows(400, 5)]  # about 1.2, 8, 80 and 80 rows per key
     source = write_batches(str(tmp_path / "in"), frames)
     operator = buffering.aggregate({"n": Count(), "sx": Sum("x"), "u": ApproxDistinct("x")})
     results, combines = {}, {}
@@ -115,7 +115,7 @@ def test_the_sql_combine_is_skipped_after_a_batch_with_few_rows_per_key_and_resu
         query.awaitTermination()
         combines[combine] = [m.combine for m in query.batch_metrics]
         results[combine] = all_rows(out, ["k"])
-    assert 1.2 < RAW_ROWS_PER_KEY < 80  # the batches above fall on either side of it
+    assert 8 < RAW_ROWS_PER_KEY < 80  # the batches above fall on either side of it
     assert combines == {None: ["sql", "none", "none", "sql"], True: ["sql"] * 4}
     pd.testing.assert_frame_equal(results[None], results[True])
 

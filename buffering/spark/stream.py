@@ -32,7 +32,7 @@ import xxhash
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from checkpoint import DEFAULT_RETAIN, CheckpointStorage, VersionExistsError, commit
+from checkpoint import DEFAULT_RETAIN, CheckpointCorruptError, CheckpointStorage, VersionExistsError, commit
 from state.cache import check_memory_budget
 from state.state_schema import StateSchema
 from state.group_state import NO_TIMESTAMP, GroupStateTimeout, timeout_conf
@@ -83,6 +83,11 @@ PLACEMENTS = ("executor", "batch")
 #: --keys 25000 / 12500, 2026-11-27): at 8 rows per window the raw rows were 11-28 % faster, at 16
 #: 4-11 %; at 1.9 1.19x.
 RAW_ROWS_PER_KEY = 16
+
+
+def _few_rows_per_key(rows_in: int, calls: int) -> bool:
+    """Whether a batch that merged ``rows_in`` input rows into ``calls`` keys had fewer than RAW_ROWS_PER_KEY a key."""
+    return rows_in < RAW_ROWS_PER_KEY * calls
 
 
 @dataclass
@@ -257,7 +262,10 @@ class StreamRunner:
         # the last one had fewer than RAW_ROWS_PER_KEY input rows per key merged: it then shrinks the shuffle
         # too little to pay for itself (see RAW_ROWS_PER_KEY).
         self._adaptive_combine = combine_asked is None and self.combine == "sql" and folds_raw_rows(self.spec)
-        self._skip_combine = False
+        # A restarted query decides its first batch as its last run would have decided the next one.
+        self._skip_combine = (
+            self._adaptive_combine and manifest is not None and self._recorded_few_rows_per_key(manifest.version)
+        )
         if self.spec.window is not None and self.combine == "python":
             # Windows are combined per (key, window start) by Spark SQL only; without a SQL twin for
             # every aggregation, the rows go to the instances as they are (they assign the windows).
@@ -494,6 +502,21 @@ class StreamRunner:
             return frame
         return frame.select(*[F.col(quoted(name)) for name in self._read_columns])
 
+    def _recorded_few_rows_per_key(self, version: int) -> bool:
+        """Whether committed batch ``version`` merged fewer than RAW_ROWS_PER_KEY input rows per key, as its
+        metrics record says; False without a usable record (the combine is then kept, as for a new query)."""
+        try:
+            record = self.storage.read_batch_metrics(version)
+        except CheckpointCorruptError as exc:  # advisory only: the batch's state and outputs do not depend on it
+            logger.warning("ignoring the metrics record of batch %d when choosing the combine: %s", version, exc)
+            return False
+        if record is None:
+            return False
+        rows, calls = record.get("rows_in"), record.get("calls")
+        if not isinstance(rows, int) or not isinstance(calls, int) or calls <= 0:
+            return False
+        return _few_rows_per_key(rows, calls)
+
     def _batch_combine(self) -> str:
         """How the next (or running) batch's rows reach the instances: the plan's combine, or "none" when
         Spark SQL's is skipped after a batch with few rows per key (see RAW_ROWS_PER_KEY)."""
@@ -585,7 +608,7 @@ class StreamRunner:
         metrics.sink_seconds = sink_seconds
         metrics.combine = self._batch_combine()
         if self._adaptive_combine and metrics.calls:
-            self._skip_combine = metrics.rows_in < RAW_ROWS_PER_KEY * metrics.calls
+            self._skip_combine = _few_rows_per_key(metrics.rows_in, metrics.calls)
         self.batches.append(metrics)
         self.storage.write_batch_metrics(version, {RUN_ID_FIELD: self.run_id, **metrics.to_record()})
         logger.info(
@@ -852,7 +875,8 @@ def run_stream(
         combine_before_shuffle: pre-aggregate before the shuffle. Default (None): with a mapping
             combiner, and with Spark SQL's partial aggregation where every aggregation has an exact SQL
             twin, skipped for a batch when the previous one had fewer than ``RAW_ROWS_PER_KEY`` (16)
-            input rows per key merged (e.g. many keys that see a few rows each): the rows then go to the
+            input rows per key merged (e.g. many keys that see a few rows each; a restarted query reads
+            the last committed batch's metrics record for its first batch): the rows then go to the
             instances as they are and are folded as columns there. True: always; False: never.
             Rows that reach Python uncombined carry only the columns an aggregate reads (key,
             aggregation inputs, event time); a function gets them all.

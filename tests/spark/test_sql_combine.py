@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -11,6 +13,7 @@ import buffering
 from buffering import ApproxDistinct, Count, First, Max, Mean, Min, Sum
 from buffering.aggregations import Aggregations
 from buffering.spark._sql_combine import accumulators, sql_partials
+from checkpoint.storage import batch_metrics_path
 
 from .helpers import all_rows, collect_sink, stream_of, write_batches
 
@@ -162,3 +165,42 @@ def test_an_aggregate_reads_only_its_columns_so_others_of_any_type_never_reach_p
         results[extra] = all_rows(out, ["k"])
     assert len(results[True]) > 0
     pd.testing.assert_frame_equal(results[True], results[False])
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_restarted_query_skips_the_sql_combine_when_its_last_committed_batch_had_few_rows_per_key(spark, tmp_path):
+    """The first batch after a restart is decided as the next batch of the last run would have been."""
+    rng = np.random.default_rng(9)
+
+    def rows(n: int, keys: int) -> pd.DataFrame:
+        return pd.DataFrame({"k": rng.integers(0, keys, n).astype(np.int64), "x": rng.integers(0, 99, n).astype(np.int64),
+                             "s": "a", "f": 0.5})
+
+    source = write_batches(str(tmp_path / "in"), [rows(60, 50)])  # about 1.2 rows per key
+    operator = buffering.aggregate({"n": Count(), "sx": Sum("x")})
+
+    def run() -> list[str]:
+        query = buffering.spark.run_stream(
+            stream_of(spark, source, "k long, x long, s string, f double"), operator, key="k",
+            checkpoint_location=str(tmp_path / "ck"), sink=collect_sink([]), trigger={"availableNow": True}, parallelism=2,
+        )
+        query.awaitTermination()
+        return [m.combine for m in query.batch_metrics]
+
+    assert run() == ["sql"]  # a new query has nothing to go by
+    path = tmp_path / "in" / "part-00001.parquet"
+    rows(400, 5).to_parquet(path, index=False)  # about 80 rows per key
+    os.utime(path, (1_700_000_001, 1_700_000_001))
+    assert run() == ["none"]  # after 1.2 rows per key in the last committed batch
+    path = tmp_path / "in" / "part-00002.parquet"
+    rows(60, 50).to_parquet(path, index=False)
+    os.utime(path, (1_700_000_002, 1_700_000_002))
+    assert run() == ["sql"]  # after 80
+    record = tmp_path / "ck" / batch_metrics_path(2)  # the record of that 1.2-rows-per-key batch
+    assert record.exists()
+    record.write_bytes(b"{torn")
+    path = tmp_path / "in" / "part-00003.parquet"
+    rows(400, 5).to_parquet(path, index=False)
+    os.utime(path, (1_700_000_003, 1_700_000_003))
+    assert run() == ["sql"]  # a damaged record is not trusted: combined, as by a new query

@@ -91,6 +91,12 @@ def test_sql_combine_equals_python_combine_with_nulls_and_large_integers(spark, 
     pd.testing.assert_frame_equal(results[True], results[False])
 
 
+def _rows(rng: np.random.Generator, n: int, keys: int) -> pd.DataFrame:
+    """``n`` rows of ``keys`` keys (about n / keys rows per key)."""
+    return pd.DataFrame({"k": rng.integers(0, keys, n).astype(np.int64), "x": rng.integers(0, 99, n).astype(np.int64),
+                         "s": "a", "f": 0.5})
+
+
 @pytest.mark.spark
 @pytest.mark.slow
 def test_the_sql_combine_is_skipped_after_a_batch_with_few_rows_per_key_and_resumed_after_one_with_many(spark, tmp_path):
@@ -99,12 +105,8 @@ def test_the_sql_combine_is_skipped_after_a_batch_with_few_rows_per_key_and_resu
     from buffering.spark.stream import RAW_ROWS_PER_KEY
 
     rng = np.random.default_rng(8)
-
-    def rows(n: int, keys: int) -> pd.DataFrame:
-        return pd.DataFrame({"k": rng.integers(0, keys, n).astype(np.int64), "x": rng.integers(0, 99, n).astype(np.int64),
-                             "s": "a", "f": 0.5})
-
-    frames = [rows(60, 50), rows(400, 50), rows(400, 5), rows(400, 5)]  # about 1.2, 8, 80 and 80 rows per key
+    # about 1.2, 8, 80 and 80 rows per key
+    frames = [_rows(rng, 60, 50), _rows(rng, 400, 50), _rows(rng, 400, 5), _rows(rng, 400, 5)]
     source = write_batches(str(tmp_path / "in"), frames)
     operator = buffering.aggregate({"n": Count(), "sx": Sum("x"), "u": ApproxDistinct("x")})
     results, combines = {}, {}
@@ -172,13 +174,14 @@ def test_an_aggregate_reads_only_its_columns_so_others_of_any_type_never_reach_p
 def test_a_restarted_query_skips_the_sql_combine_when_its_last_committed_batch_had_few_rows_per_key(spark, tmp_path):
     """The first batch after a restart is decided as the next batch of the last run would have been."""
     rng = np.random.default_rng(9)
-
-    def rows(n: int, keys: int) -> pd.DataFrame:
-        return pd.DataFrame({"k": rng.integers(0, keys, n).astype(np.int64), "x": rng.integers(0, 99, n).astype(np.int64),
-                             "s": "a", "f": 0.5})
-
-    source = write_batches(str(tmp_path / "in"), [rows(60, 50)])  # about 1.2 rows per key
+    source = write_batches(str(tmp_path / "in"), [_rows(rng, 60, 50)])  # about 1.2 rows per key
     operator = buffering.aggregate({"n": Count(), "sx": Sum("x")})
+
+    def add(i: int, frame: pd.DataFrame) -> None:
+        """Input file i, after the ones before it (the file source orders files by modification time)."""
+        path = tmp_path / "in" / f"part-{i:05d}.parquet"
+        frame.to_parquet(path, index=False)
+        os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))
 
     def run() -> list[str]:
         query = buffering.spark.run_stream(
@@ -189,18 +192,12 @@ def test_a_restarted_query_skips_the_sql_combine_when_its_last_committed_batch_h
         return [m.combine for m in query.batch_metrics]
 
     assert run() == ["sql"]  # a new query has nothing to go by
-    path = tmp_path / "in" / "part-00001.parquet"
-    rows(400, 5).to_parquet(path, index=False)  # about 80 rows per key
-    os.utime(path, (1_700_000_001, 1_700_000_001))
+    add(1, _rows(rng, 400, 5))  # about 80 rows per key
     assert run() == ["none"]  # after 1.2 rows per key in the last committed batch
-    path = tmp_path / "in" / "part-00002.parquet"
-    rows(60, 50).to_parquet(path, index=False)
-    os.utime(path, (1_700_000_002, 1_700_000_002))
+    add(2, _rows(rng, 60, 50))
     assert run() == ["sql"]  # after 80
     record = tmp_path / "ck" / batch_metrics_path(2)  # the record of that 1.2-rows-per-key batch
     assert record.exists()
     record.write_bytes(b"{torn")
-    path = tmp_path / "in" / "part-00003.parquet"
-    rows(400, 5).to_parquet(path, index=False)
-    os.utime(path, (1_700_000_003, 1_700_000_003))
+    add(3, _rows(rng, 400, 5))
     assert run() == ["sql"]  # a damaged record is not trusted: combined, as by a new query

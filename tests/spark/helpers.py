@@ -9,10 +9,11 @@ import numpy as np
 import pandas as pd
 
 
-def write_batches(directory: str, frames: list[pd.DataFrame]) -> str:
-    """One parquet file per frame, named so a file source reads them in order (one per micro-batch)."""
+def write_batches(directory: str, frames: list[pd.DataFrame], first: int = 0) -> str:
+    """One parquet file per frame, named so a file source reads them in order (one per micro-batch);
+    ``first``: the number of the first file, to add files after those of an earlier call."""
     os.makedirs(directory, exist_ok=True)
-    for i, frame in enumerate(frames):
+    for i, frame in enumerate(frames, start=first):
         path = os.path.join(directory, f"part-{i:05d}.parquet")
         frame.to_parquet(path, index=False)
         # The file source orders files by modification time: make that the name order.

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -177,12 +175,6 @@ def test_a_restarted_query_skips_the_sql_combine_when_its_last_committed_batch_h
     source = write_batches(str(tmp_path / "in"), [_rows(rng, 60, 50)])  # about 1.2 rows per key
     operator = buffering.aggregate({"n": Count(), "sx": Sum("x")})
 
-    def add(i: int, frame: pd.DataFrame) -> None:
-        """Input file i, after the ones before it (the file source orders files by modification time)."""
-        path = tmp_path / "in" / f"part-{i:05d}.parquet"
-        frame.to_parquet(path, index=False)
-        os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))
-
     def run() -> list[str]:
         query = buffering.spark.run_stream(
             stream_of(spark, source, "k long, x long, s string, f double"), operator, key="k",
@@ -192,12 +184,12 @@ def test_a_restarted_query_skips_the_sql_combine_when_its_last_committed_batch_h
         return [m.combine for m in query.batch_metrics]
 
     assert run() == ["sql"]  # a new query has nothing to go by
-    add(1, _rows(rng, 400, 5))  # about 80 rows per key
+    write_batches(source, [_rows(rng, 400, 5)], first=1)  # about 80 rows per key
     assert run() == ["none"]  # after 1.2 rows per key in the last committed batch
-    add(2, _rows(rng, 60, 50))
+    write_batches(source, [_rows(rng, 60, 50)], first=2)
     assert run() == ["sql"]  # after 80
     record = tmp_path / "ck" / batch_metrics_path(2)  # the record of that 1.2-rows-per-key batch
     assert record.exists()
     record.write_bytes(b"{torn")
-    add(3, _rows(rng, 400, 5))
+    write_batches(source, [_rows(rng, 400, 5)], first=3)
     assert run() == ["sql"]  # a damaged record is not trusted: combined, as by a new query

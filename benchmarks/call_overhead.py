@@ -14,6 +14,13 @@ Measured in the same process, alternating, best of ``--repeat``:
   store behind the cache, a checkpoint per batch, the runner's grouping of
   each batch by key, output frames concatenated): what a user runs.
 
+* ``floor``: a near-empty function through the same ``LocalRunner``: it
+  counts its rows, keeps the count in its state and yields one prebuilt
+  one-row frame. Its own time per call (``floor - inside``) is what this
+  design's machinery costs per call when the user's function does nothing
+  (the key's frame, the state read and write-back through the cache, the
+  GroupState, the output checks and joining, the checkpoint): the ceiling
+  of the target, measured in the same run.
 * ``harness``: what a user writes by hand instead, with public pandas only: each
   batch's ``groupby("tweet", sort=False)`` iterated, the function called per
   key with the dict state, its output frames joined with ``pd.concat`` at the
@@ -96,7 +103,7 @@ def grouped(batches: list[pd.DataFrame]) -> list[list[tuple[tuple, pd.DataFrame]
 
 
 class Inside:
-    """The function wrapped to add up the seconds spent inside it (the same wrapper for both variants)."""
+    """The function wrapped to add up the seconds spent inside it (the same wrapper for every variant)."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
@@ -106,6 +113,21 @@ class Inside:
         frames = list(tweet_stats(key, rows, state))
         self.seconds += now() - start
         return iter(frames)
+
+
+class NearEmpty(Inside):
+    """The floor's function: its rows counted, the count kept in its state, one prebuilt row yielded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.row = pd.DataFrame({"tweet": [0], "views": [0], "viewers": [0]})
+
+    def __call__(self, key: tuple, rows: Any, state: Any) -> Any:
+        start = now()
+        views = sum(len(frame) for frame in rows)
+        state.update((state.get[0] + views if state.exists else views,))
+        self.seconds += now() - start
+        return iter((self.row,))
 
 
 def _frozen() -> None:
@@ -142,10 +164,9 @@ def run_loop(groups: list[list[tuple[tuple, pd.DataFrame]]]) -> tuple[float, flo
     return seconds, fn.seconds, calls
 
 
-def run_runner(batches: list[pd.DataFrame], max_entries: int, root: str) -> tuple[float, float, int, int]:
+def run_runner(batches: list[pd.DataFrame], max_entries: int, root: str, fn: Inside) -> tuple[float, float, int, int]:
     """Seconds, seconds inside the function, output rows, calls."""
     location = tempfile.mkdtemp(dir=root)
-    fn = Inside()
     decorated = buffering.mini_batch()(buffering.cached_state(max_entries=max_entries, store="rocksdb")(fn))
     runner = LocalRunner(decorated, key="tweet", checkpoint_location=location, clock=lambda: 0)
     _frozen()
@@ -208,31 +229,36 @@ def main(argv: Any = None) -> dict[str, Any]:
     batches = [views.iloc[i : i + size].reset_index(drop=True) for i in range(0, len(views), size)]
     groups = grouped(batches)
     root = tempfile.mkdtemp(prefix="opbuffer-call-overhead-")
-    loops, runs, harnesses = [], [], []
+    loops, runs, floors, harnesses = [], [], [], []
     try:
         for _ in range(args.repeat):
             loops.append(run_loop(groups))
-            runs.append(run_runner(batches, args.max_entries, root))
+            runs.append(run_runner(batches, args.max_entries, root, Inside()))
+            floors.append(run_runner(batches, args.max_entries, root, NearEmpty()))
             harnesses.append(run_harness(batches))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     loop_s, loop_inside, loop_calls = min(loops)
     run_s, run_inside, rows_out, run_calls = min(runs)
+    floor_s, floor_inside, floor_rows, floor_calls = min(floors)
     harness_s, harness_inside, harness_rows, harness_calls, harness_join = min(harnesses)
-    if loop_calls != run_calls or rows_out != run_calls or harness_calls != run_calls or harness_rows != run_calls:
+    if len({loop_calls, run_calls, rows_out, floor_calls, floor_rows, harness_calls, harness_rows}) != 1:
         raise SystemExit(
             f"call counts differ: loop {loop_calls}, runner {run_calls} calls and {rows_out} rows, "
-            f"harness {harness_calls} calls and {harness_rows} rows"
+            f"floor {floor_calls} calls and {floor_rows} rows, harness {harness_calls} calls and {harness_rows} rows"
         )
     overhead_us = (run_s - loop_s) / run_calls * 1e6
     harness_us = (harness_s - loop_s) / run_calls * 1e6
     outside = [(r[0] - r[1]) / run_calls * 1e6 for r in runs]
+    floor_outside = [(r[0] - r[1]) / floor_calls * 1e6 for r in floors]
     print(f"{NAME}: {args.views:,} views, {args.tweets:,} tweets, {args.batches} batches, best of {args.repeat}, load {os.getloadavg()[0]:.2f}")
     print_table(
         ["variant", "seconds", "inside the function", "calls", "us per call"],
         [
             ["loop (user's code, dict state)", f"{loop_s:.2f}", f"{loop_inside:.2f}", f"{loop_calls:,}", f"{loop_s / loop_calls * 1e6:.1f}"],
             ["LocalRunner (decorated)", f"{run_s:.2f}", f"{run_inside:.2f}", f"{run_calls:,}", f"{run_s / run_calls * 1e6:.1f}"],
+            ["floor: a near-empty function through LocalRunner", f"{floor_s:.2f}", f"{floor_inside:.2f}",
+             f"{floor_calls:,}", f"{floor_s / floor_calls * 1e6:.1f}"],
             ["harness (groupby + pd.concat)", f"{harness_s:.2f}", f"{harness_inside:.2f}", f"{harness_calls:,}",
              f"{harness_s / harness_calls * 1e6:.1f}"],
         ],
@@ -242,6 +268,10 @@ def main(argv: Any = None) -> dict[str, Any]:
           + ", ".join(f"{v:.1f}" for v in outside) + ")")
     print(f"  the pandas harness's overhead per call: {harness_us:.1f} us (harness - loop), of which pd.concat "
           f"{harness_join / run_calls * 1e6:.1f} us; its own time {(harness_s - harness_inside) / run_calls * 1e6:.1f} us")
+    print(f"  the floor's own time per call: {min(floor_outside):.1f} us (rounds: "
+          + ", ".join(f"{v:.1f}" for v in floor_outside) + ")")
+    print(f"ceiling: opbuffer's own time per call with a near-empty function = {min(floor_outside):.1f} us "
+          f"(no decorated function through this design costs less per call; target {TARGET_US_PER_CALL:g} us)")
     target = check_target(f"overhead per call at {args.tweets:,} tweets", overhead_us, TARGET_US_PER_CALL, at_most=True, unit=" us")
     results = {
         "loop_seconds": [l[0] for l in loops],
@@ -251,6 +281,9 @@ def main(argv: Any = None) -> dict[str, Any]:
         "calls": run_calls,
         "overhead_us_per_call": overhead_us,
         "outside_us_per_call": outside,
+        "floor_seconds": [r[0] for r in floors],
+        "floor_inside_seconds": [r[1] for r in floors],
+        "floor_outside_us_per_call": floor_outside,
         "harness_seconds": [h[0] for h in harnesses],
         "harness_inside_seconds": [h[1] for h in harnesses],
         "harness_concat_seconds": [h[4] for h in harnesses],

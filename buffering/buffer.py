@@ -387,6 +387,14 @@ class KeyedBlock:
         """Merge ``block``: its row i holds the partials of ``nkeys[i]`` (distinct keys) over ``rows[i]`` input rows."""
         ids = self._ids
         before = len(ids)
+        if not before:  # the first part (often the only one): its keys are the ids 0..n-1, made in C
+            ids.update(zip(nkeys, range(len(nkeys))))
+            if len(ids) == len(nkeys):
+                self._rows = list(rows)
+                self.rows += int(sum(rows))
+                self._block = block
+                return
+            ids.clear()  # keys not distinct, against the contract: the general way below, as before
         where = np.fromiter((ids.setdefault(nkey, len(ids)) for nkey in nkeys), dtype=np.int64, count=len(nkeys))
         counts = self._rows
         counts.extend([0] * (len(ids) - before))

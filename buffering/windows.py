@@ -33,6 +33,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
@@ -475,7 +476,7 @@ class WindowRuntime:
         if isinstance(state, KeyGroupCache):  # cached_state(layout="key_group"): merged as byte ranges
             index = self._group_index(instance, state)
             block, key_groups = layout.merge_into(state, keys, incoming)
-            index.record(np.fromiter((k[-1] for k in keys), dtype=np.int64, count=len(keys)), key_groups)
+            index.record(np.fromiter(map(itemgetter(-1), keys), dtype=np.int64, count=len(keys)), key_groups)
             if self.config.emit != "update":
                 return []
             return [self._fixed_frame(keys, None, instance, layout.results(block))]
@@ -689,7 +690,7 @@ class WindowRuntime:
         instance: "OperatorInstance",
         results: Optional[dict[str, Any]] = None,
     ) -> pd.DataFrame:
-        starts = np.fromiter((k[-1] for k in keys), dtype=np.int64, count=len(keys))  # (key..., start) tuples
+        starts = np.fromiter(map(itemgetter(-1), keys), dtype=np.int64, count=len(keys))  # (key..., start) tuples
         instance.metrics.rows_out += len(keys)
         if len(self.key_columns) == 1:
             users = [k[0] for k in keys]  # the key's one normalized element

@@ -41,6 +41,7 @@ from __future__ import annotations
 import pickle
 import struct
 from dataclasses import dataclass
+from itertools import repeat
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 import numpy as np
@@ -469,6 +470,39 @@ class ScalarColumn:
         return self.objects[row] if tag == _OBJECT else None
 
 
+#: A partial's tag by its exact type (any other type, bool included, is not one of these three).
+_TAG_OF_TYPE = {type(None): _NULL, int: _INT, float: _FLOAT}
+
+
+def _scalar_column_of_array(values: Any) -> Optional[ScalarColumn]:
+    """:func:`_scalar_column` of a numpy array of partials with each numpy scalar taken as its Python
+    value, in O(n) C work; None when some value needs the loop (an int past int64, a bool, any object).
+
+    A count's partials from the rows are an int array and a sum's an object
+    array of ints (or floats) and None: these take no Python step per value.
+    """
+    if not isinstance(values, np.ndarray) or values.ndim != 1:
+        return None
+    kind, n = values.dtype.kind, len(values)
+    if kind == "f":
+        return ScalarColumn(np.full(n, _FLOAT, dtype=np.uint8), values.astype(np.float64).view(np.int64), {})
+    if kind == "i" or (kind == "u" and (n == 0 or int(values.max()) <= _INT64[1])):
+        return ScalarColumn(np.full(n, _INT, dtype=np.uint8), values.astype(np.int64), {})
+    if kind != "O":
+        return None
+    tags = np.fromiter(map(_TAG_OF_TYPE.get, map(type, values), repeat(_OBJECT)), dtype=np.uint8, count=n)
+    if (tags == _OBJECT).any():
+        return None
+    bits = np.zeros(n, dtype=np.int64)
+    ints, floats = tags == _INT, tags == _FLOAT
+    try:
+        bits[ints] = values[ints].astype(np.int64)
+    except OverflowError:  # an int past int64 is kept as an object
+        return None
+    bits.view(np.float64)[floats] = values[floats].astype(np.float64)
+    return ScalarColumn(tags, bits, {})
+
+
 def _scalar_column(values: Sequence[Any]) -> ScalarColumn:
     n = len(values)
     tags = np.zeros(n, dtype=np.uint8)
@@ -607,7 +641,10 @@ class ScalarField:
         return out
 
     def from_partials(self, partials: Sequence[Any]) -> ScalarColumn:
-        return _scalar_column([p.item() if isinstance(p, np.generic) else p for p in partials])
+        column = _scalar_column_of_array(partials)
+        if column is None:
+            column = _scalar_column([p.item() if isinstance(p, np.generic) else p for p in partials])
+        return column
 
     def from_rows(self, agg: Any, df: Any, grouping: Grouping) -> ScalarColumn:
         return self.from_partials(agg._grouped(df, grouping))

@@ -394,3 +394,55 @@ def test_a_chunk_without_the_input_column_is_refused_naming_it():
     with pytest.raises(KeyError, match="user"):
         partials.add(pd.DataFrame({"tweet": [1]}), arrival_ms=0)
     assert len(partials) == 0
+
+
+# ---------------------------------------------------------------- partials as a column, vectorized
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from buffering.aggregations.columnar import _scalar_column, _scalar_column_of_array  # noqa: E402
+
+PARTIAL_VALUES = st.one_of(
+    st.none(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True), st.booleans(), st.text(max_size=3),
+    st.integers(-(2**63), 2**63 - 1).map(np.int64), st.floats(width=32).map(np.float32),
+)
+
+
+def columns_equal(a, b) -> bool:
+    return a.tags.tolist() == b.tags.tolist() and a.bits.tolist() == b.bits.tolist() and a.objects == b.objects
+
+
+def per_value(values):
+    return _scalar_column([p.item() if isinstance(p, np.generic) else p for p in values])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(PARTIAL_VALUES, max_size=12))
+def test_an_object_array_of_partials_becomes_the_column_the_per_value_loop_makes(values):
+    array = np.empty(len(values), dtype=object)
+    array[:] = values
+    column = _scalar_column_of_array(array)
+    assert column is None or columns_equal(column, per_value(array))
+    if all(v is None or type(v) is float or (type(v) is int and -(2**63) <= v < 2**63) for v in values):
+        assert column is not None  # ints that fit, floats and None need no Python step per value
+
+
+@pytest.mark.parametrize("array", [
+    np.array([0, 3, -7, 2**63 - 1, -(2**63)], dtype=np.int64),
+    np.array([1, 2, 3], dtype=np.int32),
+    np.array([0, 2**63 - 1], dtype=np.uint64),
+    np.array([1.5, -0.0, np.nan, np.inf], dtype=np.float64),
+    np.array([0.25, -2.0], dtype=np.float32),
+    np.array([], dtype=np.int64),
+], ids=["int64", "int32", "uint64 that fits", "float64", "float32", "empty"])
+def test_a_numeric_array_of_partials_becomes_the_column_of_its_python_values(array):
+    column = _scalar_column_of_array(array)
+    assert column is not None and columns_equal(column, per_value(array))
+
+
+@pytest.mark.parametrize("array", [
+    np.array([2**63], dtype=np.uint64), np.array([True, False]), np.array(["a", "b"], dtype=object),
+    np.array([1, 2**64], dtype=object), np.zeros((2, 2), dtype=np.int64),
+], ids=["uint64 past int64", "bools", "strings", "an int past int64", "two dimensions"])
+def test_partials_the_vectorized_path_does_not_take_are_left_to_the_loop(array):
+    assert _scalar_column_of_array(array) is None

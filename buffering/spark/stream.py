@@ -79,9 +79,10 @@ PLACEMENTS = ("executor", "batch")
 #: shuffle for the next batch. Measured on local[2] with the key-group layout: count + HyperLogLog at
 #: 8.1 rows per key (benchmarks.spark_e2e (g) against (h) at 100k tweets), the raw rows were faster in 8
 #: of 9 runs (by 1-12 %), the combine in one (by 6 %); at 50 rows per key (10k tweets) the combine was
-#: faster in 3 of 4 (by 10-19 %). Count + sum per (key, window) (benchmarks.windows (g) against (r),
-#: --keys 25000 / 12500, 2026-11-27): at 8 rows per window the raw rows were 11-28 % faster, at 16
-#: 4-11 %; at 1.9 1.19x.
+#: faster in 3 of 4 (by 10-19 %); between them, at 18 rows per key (30k tweets) the raw rows were faster
+#: in 3 of 3 (by 0.4-10 %), at 25.5 (20k tweets) the combine in 3 of 3 (by 3-15 %). Count + sum per
+#: (key, window) (benchmarks.windows (g) against (r), --keys 25000 / 12500, 2026-11-27): at 8 rows per
+#: window the raw rows were 11-28 % faster, at 16 4-11 %; at 1.9 (the benchmark's default) 1.19x.
 RAW_ROWS_PER_KEY = 16
 
 

@@ -387,12 +387,11 @@ class KeyedBlock:
         """Merge ``block``: its row i holds the partials of ``nkeys[i]`` (distinct keys) over ``rows[i]`` input rows."""
         ids = self._ids
         before = len(ids)
+        self.rows += int(sum(rows))
         if not before:  # the first part (often the only one): its keys are the ids 0..n-1, made in C
             ids.update(zip(nkeys, range(len(nkeys))))
             if len(ids) == len(nkeys):
-                self._rows = list(rows)
-                self.rows += int(sum(rows))
-                self._block = block
+                self._rows, self._block = list(rows), block
                 return
             ids.clear()  # keys not distinct, against the contract: the general way below, as before
         where = np.fromiter((ids.setdefault(nkey, len(ids)) for nkey in nkeys), dtype=np.int64, count=len(nkeys))
@@ -400,10 +399,9 @@ class KeyedBlock:
         counts.extend([0] * (len(ids) - before))
         for row, count in zip(where.tolist(), rows):
             counts[row] += count
-        self.rows += int(sum(rows))
         n = len(ids)
         layout = self.layout
-        block = block if before == 0 and n == len(where) else layout.spread(block, where, n)
+        block = layout.spread(block, where, n)
         if self._block is not None:
             block = layout.merge(layout.spread(self._block, np.arange(before, dtype=np.int64), n), block)
         self._block = block

@@ -324,6 +324,11 @@ def user_key(nkey: NormalizedKey) -> NormalizedKey:
     return rest[0] if len(rest) == 1 and type(rest[0]) is not tuple else rest
 
 
+def _window_starts(keys: Sequence[NormalizedKey]) -> np.ndarray:
+    """The window start of each ``(key..., window start)`` key, as int64 (one C pass over the tuples)."""
+    return np.fromiter(map(itemgetter(-1), keys), dtype=np.int64, count=len(keys))
+
+
 class WindowRuntime:
     """The windows of one operator instance: assignment, late rows, merges, closing and emission.
 
@@ -476,7 +481,7 @@ class WindowRuntime:
         if isinstance(state, KeyGroupCache):  # cached_state(layout="key_group"): merged as byte ranges
             index = self._group_index(instance, state)
             block, key_groups = layout.merge_into(state, keys, incoming)
-            index.record(np.fromiter(map(itemgetter(-1), keys), dtype=np.int64, count=len(keys)), key_groups)
+            index.record(_window_starts(keys), key_groups)
             if self.config.emit != "update":
                 return []
             return [self._fixed_frame(keys, None, instance, layout.results(block))]
@@ -638,7 +643,7 @@ class WindowRuntime:
             key_list = getattr(table, "key_list", None)
             keys = key_list() if key_list is not None else [normalize_key(k) for k in table.keys()]
             if keys:  # grouped by window start with one sort, not a dict lookup per key
-                starts = np.fromiter((nkey[-1] for nkey in keys), dtype=np.int64, count=len(keys))
+                starts = _window_starts(keys)
                 order = np.argsort(starts, kind="stable")
                 cuts = np.flatnonzero(np.diff(starts[order])) + 1
                 for positions in np.split(order, cuts):
@@ -690,7 +695,7 @@ class WindowRuntime:
         instance: "OperatorInstance",
         results: Optional[dict[str, Any]] = None,
     ) -> pd.DataFrame:
-        starts = np.fromiter(map(itemgetter(-1), keys), dtype=np.int64, count=len(keys))  # (key..., start) tuples
+        starts = _window_starts(keys)
         instance.metrics.rows_out += len(keys)
         if len(self.key_columns) == 1:
             users = [k[0] for k in keys]  # the key's one normalized element

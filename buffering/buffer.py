@@ -50,9 +50,14 @@ def factorize_keys(
         return int(value) if kind == "i" and value.is_integer() else value
 
     if len(key_columns) == 1:
-        codes, uniques = pd.factorize(df[key_columns[0]], sort=False, use_na_sentinel=False)
+        column = df[key_columns[0]]
+        codes, uniques = pd.factorize(column, sort=False, use_na_sentinel=False)
+        values = uniques.tolist()
+        codes = codes.astype(np.int64, copy=False)
+        if _fits_int64(column.dtype) or (column.dtype == object and _all_str(values)):
+            return codes, values  # a bare int (of a numpy integer column: no nulls) or str is its normalized key
         kind = kinds[0]
-        return codes.astype(np.int64, copy=False), [normalize_key((element(v, kind),)) for v in uniques.tolist()]
+        return codes, [normalize_key((element(v, kind),)) for v in values]
     integral = _integral_keys(df, key_columns)
     if integral is not None:
         return integral
@@ -64,6 +69,17 @@ def factorize_keys(
         for row in first_rows.itertuples(index=False, name=None)
     ]
     return codes, uniques
+
+
+def _fits_int64(dtype: Any) -> bool:
+    """Whether a column of ``dtype`` holds only int64 values: a numpy signed integer, or an unsigned one
+    narrower than 64 bits (a nullable ``Int64`` column is a pandas extension dtype and may hold pd.NA)."""
+    return isinstance(dtype, np.dtype) and (dtype.kind == "i" or (dtype.kind == "u" and dtype.itemsize < 8))
+
+
+def _all_str(values: list[Any]) -> bool:
+    """Whether every value is exactly a ``str`` (one C-level pass over the types)."""
+    return all(t is str for t in set(map(type, values)))
 
 
 #: The largest number of distinct value combinations _integral_keys numbers in one int64.
@@ -79,8 +95,7 @@ def _integral_keys(df: pd.DataFrame, key_columns: list[str]) -> Optional[tuple[n
     pair of 44k unique keys in 50k rows: 8 ms against 59 with a groupby and a
     normalized tuple per key in Python). Integers are already normalized.
     """
-    dtypes = [df[c].dtype for c in key_columns]  # numpy dtypes only: a nullable Int64 column may hold pd.NA
-    if not all(isinstance(t, np.dtype) and (t.kind == "i" or (t.kind == "u" and t.itemsize < 8)) for t in dtypes):
+    if not all(_fits_int64(df[c].dtype) for c in key_columns):
         return None
     columns = [df[c].to_numpy() for c in key_columns]
     combined: Optional[np.ndarray] = None

@@ -436,6 +436,36 @@ def test_integer_key_columns_are_numbered_as_grouping_them_numbers_them(dtypes):
     assert len(keys) == len(frame.drop_duplicates())
 
 
+@pytest.mark.parametrize(
+    "values",
+    [
+        np.array([7, -3, 7, 2**63 - 1, -(2**63), 0], dtype=np.int64),
+        np.array([5, 200, 5, 1], dtype=np.uint8),
+        np.array([2**32 - 1, 3, 3], dtype=np.uint32),
+        np.array(["b", "a", "b", "", "\u00e9"], dtype=object),
+        np.array([2**63, 1, 2**63], dtype=np.uint64),  # past int64: refused by name, as before
+        np.array(["a", 4, "a", 2.5], dtype=object),  # mixed: each value on its own
+    ],
+    ids=["int64", "uint8", "uint32", "str", "uint64-past-long", "mixed-object"],
+)
+def test_one_key_column_gives_the_keys_normalizing_each_value_gives(values):
+    """One int or str column hands its unique values over as the keys; they are what normalizing each value
+    one at a time gives (the way other columns take), in first-appearance order."""
+    from buffering.buffer import factorize_keys
+
+    frame = pd.DataFrame({"k": values})
+    expected_codes, uniques = pd.factorize(frame["k"], sort=False, use_na_sentinel=False)
+    try:
+        expected = [normalize_key((v,)) for v in uniques.tolist()]
+    except ValueError:
+        with pytest.raises(ValueError, match=str(2**63)):
+            factorize_keys(frame, ["k"])
+        return
+    codes, keys = factorize_keys(frame, ["k"])
+    assert codes.tolist() == expected_codes.tolist()
+    assert keys == expected and [type(k) for k in keys] == [type(k) for k in expected]
+
+
 def test_integer_key_columns_too_many_to_number_in_one_long_take_the_general_way():
     from buffering.buffer import _integral_keys, factorize_keys
 

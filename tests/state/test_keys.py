@@ -413,7 +413,34 @@ def test_key_column_values_of_one_plain_column_are_the_keys_themselves():
 def test_key_column_values_of_several_columns_split_each_key():
     from state.keys import key_column_values
 
-    assert key_column_values([(1, "a"), (2, "b")], ["n", "s"]) == {"n": [1, 2], "s": ["a", "b"]}
+    columns = key_column_values([(1, "a"), (2, "b")], ["n", "s"])
+    assert columns["n"].tolist() == [1, 2] and columns["s"] == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    "keys, to_columns",
+    [
+        ([5, -(2**63), 2**63 - 1], None),
+        ([(1, "a"), (-2, "b")], None),
+        ([True, 3], None),
+        ([], None),
+        ([(2**64, "x")], tuple),  # a custom to_columns may give ints past a long
+    ],
+    ids=["one-long-column", "a-long-and-a-string", "bools-mixed-in", "no-keys", "past-a-long"],
+)
+def test_key_column_values_frame_as_the_lists_of_values_would(keys, to_columns):
+    """A column of longs comes as an int64 array (no pass of pandas over Python ints); the frame is the
+    one the plain lists of values give, dtypes included."""
+    from state.keys import key_column_values
+
+    names = ["n"] if keys and type(keys[0]) is not tuple else ["n", "s"]
+    args = () if to_columns is None else (to_columns,)
+    columns = key_column_values([normalize_key(k) for k in keys] if to_columns is None else keys, names, *args)
+    as_lists = {name: values.tolist() if isinstance(values, np.ndarray) else values for name, values in columns.items()}
+    pd.testing.assert_frame_equal(pd.DataFrame(columns, columns=names), pd.DataFrame(as_lists, columns=names))
+    for name, values in as_lists.items():
+        longs = len(values) > 0 and all(type(v) is int and -(2**63) <= v < 2**63 for v in values)
+        assert isinstance(columns[name], np.ndarray) == longs
 
 
 def test_key_column_values_names_a_key_of_another_width():

@@ -267,7 +267,7 @@ def key_column_values(
     """``{name: values}``: the columns ``names`` of the keys ``nkeys`` (``to_columns`` turns one key into
     its column values). One column of plain scalars (the common case) is the keys themselves, with no
     per-key tuple. A column of ints that fit a long is an int64 array (what pandas infers from the
-    list, without its pass over the objects: 25k keys 0.9 ms against 10 ms); any other column a list.
+    list, without its pass over the objects: a frame of 25k keys 2.7 ms against 9.6); any other column a list.
     O(keys x columns). Raises ValueError naming a key of another number of columns."""
     names = list(names)
     if len(names) == 1 and to_columns is denormalize_key:

@@ -170,13 +170,17 @@ def normalize_keys(keys: Iterable[Any]) -> list[NormalizedKey]:
     return [normalize_key(k) for k in keys]
 
 
+def _int64_array(ints: Iterable[int], n: int) -> np.ndarray | None:
+    """``n`` Python ints as an int64 array (one C-level pass); None when one does not fit a 64-bit long."""
+    try:
+        return np.fromiter(ints, dtype=np.int64, count=n)
+    except OverflowError:
+        return None
+
+
 def _fit_int64(ints: Iterable[int], n: int) -> bool:
     """Whether ``n`` Python ints all fit a 64-bit long (one C-level pass)."""
-    try:
-        np.fromiter(ints, dtype=np.int64, count=n)
-    except OverflowError:
-        return False
-    return True
+    return _int64_array(ints, n) is not None
 
 
 def split_pairs(pairs: Iterable[tuple[Any, Any]]) -> tuple[list[Any], list[Any]]:
@@ -285,12 +289,8 @@ def key_column_values(
 def _int_column(values: list, types: set[type]) -> Union[list, np.ndarray]:
     """``values`` (of the ``types``) as an int64 array when all are ``int`` (not bool) and fit a long; else as
     they are."""
-    if types == {int}:
-        try:
-            return np.fromiter(values, dtype=np.int64, count=len(values))
-        except OverflowError:
-            pass
-    return values
+    array = _int64_array(values, len(values)) if types == {int} else None
+    return values if array is None else array
 
 
 def long_columns(raw_keys: Sequence[bytes], offset: int = 0) -> list[np.ndarray] | None:

@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> dict:
         # ---------------------------------------------------------- baselines: one put per key
         for r in range(0 if args.only_restore else repeat):
             target = fresh_store()
-            cf_put = target._cf.put
+            cf_put = target._create().put  # the column family itself (a table is created at its first write)
 
             def per_key_raw() -> None:
                 for k, v in items:
@@ -335,7 +335,7 @@ def main(argv: list[str] | None = None) -> dict:
             measure("per_key_raw_put", per_key_raw)
             drop(target)
             target = fresh_store()
-            cf_put = target._cf.put
+            cf_put = target._create().put  # the column family itself (a table is created at its first write)
 
             def per_key_raw_flushed() -> None:
                 for k, v in items:

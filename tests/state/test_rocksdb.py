@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from rocksdict import Rdict
 
 from state import RocksDBStore, StoreClosedError, StoreError, StoreLockedError, WriteBackCache
 from state.keys import normalize_key
@@ -43,6 +44,99 @@ def test_same_key_in_two_tables_is_two_entries(tmp_path):
         assert timers.get(("k", 1)) == "timer"
         assert list(store.items()) == [(("k", 1), "state")]
         assert list(timers.items()) == [(("k", 1), "timer")]
+    finally:
+        store.close()
+
+
+def _column_families(path) -> set[str]:
+    return set(Rdict.list_cf(str(path)))
+
+
+def test_a_table_never_written_has_no_column_family_and_reads_as_empty(tmp_path):
+    # Every column family costs every open and close of the store: a table is created when first written.
+    store = RocksDBStore(tmp_path / "db", max_parallelism=MAX_P)
+    try:
+        pending = store.table("pending")
+        assert pending.get(1, "none") == "none"
+        assert pending.get_many([1, 2], "none") == ["none", "none"]
+        assert 1 not in pending
+        assert list(pending.items()) == [] and list(pending.items(key_groups=range(0, MAX_P))) == []
+        assert pending.key_list() == []
+        assert list(pending.iter_raw_keys(b"\x00", b"\xff")) == []
+        assert pending.get_raw_many(pending.raw_keys([normalize_key(1)])) == [None]
+        pending.delete(1)
+        pending.delete_many([1, 2])
+        pending.delete_key_groups(range(0, MAX_P))
+        pending.compact_key_groups(range(0, MAX_P))
+        pending.flush()
+        assert "pending" not in _column_families(tmp_path / "db")
+        assert "pending" in store.tables()  # open in this process, so listed
+    finally:
+        store.close()
+    reopened = RocksDBStore(tmp_path / "db", max_parallelism=MAX_P)
+    try:
+        assert "pending" not in reopened.tables()
+        assert list(reopened.table("pending").items()) == []
+    finally:
+        reopened.close()
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda table: table.put(1, "a"),
+        lambda table: table.put_many([(1, "a")]),
+        lambda table: table.write_raw([(table.raw_keys([normalize_key(1)])[0], b"x")]),
+        lambda table: table.write_raw_columns(table.raw_keys([normalize_key(1)]), [b"x"]),
+    ],
+    ids=["put", "put_many", "write_raw", "write_raw_columns"],
+)
+def test_the_first_write_creates_the_table_and_survives_reopen(tmp_path, write):
+    store = RocksDBStore(tmp_path / "db", max_parallelism=MAX_P)
+    try:
+        pending = store.table("pending")
+        write(pending)
+        assert "pending" in _column_families(tmp_path / "db")
+        assert len(list(pending.iter_raw())) == 1
+    finally:
+        store.close()
+    reopened = RocksDBStore(tmp_path / "db", max_parallelism=MAX_P)
+    try:
+        assert len(list(reopened.table("pending").iter_raw())) == 1
+    finally:
+        reopened.close()
+
+
+def test_deletes_alone_leave_a_table_unwritten(tmp_path):
+    store = RocksDBStore(tmp_path / "db", max_parallelism=MAX_P)
+    try:
+        pending = store.table("pending")
+        pending.delete_many([1, 2])
+        pending.write_raw_columns(pending.raw_keys([normalize_key(1)]), [None])
+        assert "pending" not in _column_families(tmp_path / "db")
+    finally:
+        store.close()
+
+
+def test_sst_files_ingested_into_a_table_never_written_create_it(tmp_path):
+    source = RocksDBStore(tmp_path / "source", max_parallelism=MAX_P)
+    source.put_many([(i, i) for i in range(10)])
+    pairs = list(source.iter_raw())
+    source.close()
+    from rocksdict import Options, SstFileWriter
+
+    sst = str(tmp_path / "part.sst")
+    writer = SstFileWriter(Options(raw_mode=True))
+    writer.open(sst)
+    for raw_key, raw_value in pairs:
+        writer[raw_key] = raw_value
+    writer.finish()
+    store = RocksDBStore(tmp_path / "db", max_parallelism=MAX_P)
+    try:
+        pending = store.table("pending")
+        pending.ingest_sst_files([sst])
+        assert "pending" in _column_families(tmp_path / "db")
+        assert dict(pending.items()) == {(i,): i for i in range(10)}
     finally:
         store.close()
 

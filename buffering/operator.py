@@ -389,6 +389,7 @@ class OperatorInstance:
             table=STATE_TABLE,
             serializer=PackedSerializer() if self._packed_state else None,
             group_columns=windows.state_group_columns if windows is not None else None,
+            default_column_family=True,  # one column family less to open, flush and close at every hand-over
         )
         if TTL_TABLE not in self._side_tables and TTL_TABLE in root.tables():
             # An adopted store restored from a checkpoint with expiries (see restore()): its tables

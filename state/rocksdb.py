@@ -137,7 +137,9 @@ class _Absent:
 class _Database:
     """The open RocksDB instance shared by the tables (column families) of one store."""
 
-    def __init__(self, path: str, *, wal: bool, block_cache_bytes: int, bloom_bits_per_key: float) -> None:
+    def __init__(
+        self, path: str, *, wal: bool, block_cache_bytes: int, bloom_bits_per_key: float, default_table: str = "default"
+    ) -> None:
         self.path = path
         self.wal = wal
         self.tables: dict[str, "RocksDBStore"] = {}
@@ -159,6 +161,10 @@ class _Database:
             except Exception as exc:  # rocksdict raises plain Exception
                 raise StoreError(f"cannot list the tables of the RocksDB store at {path!r}: {exc}") from exc
         column_families = {name: self._cf_options for name in existing if name != "default"}
+        # The table kept in RocksDB's default column family, which every database has. A store
+        # that already holds a column family by that table's name (written before it was asked
+        # for) keeps the table there.
+        self.default_table = "default" if default_table in existing else default_table
         try:
             self.db = Rdict(path, options, column_families=column_families or None)
         except Exception as exc:
@@ -209,8 +215,13 @@ class _Database:
         """
         if self.closed:
             raise StoreClosedError(f"RocksDBStore at {self.path!r} is closed")
+        if name == self.default_table:
+            return self.db, self.db.get_column_family_handle("default")
         if name == "default":
-            cf = self.db
+            raise ValueError(
+                f"the RocksDB store at {self.path!r} keeps table {self.default_table!r} in its default column "
+                f"family: it has no table 'default'"
+            )
         else:
             try:
                 cf = self.db.get_column_family(name)
@@ -220,6 +231,11 @@ class _Database:
                 cf = self.db.create_column_family(name, self._cf_options)
             cf.set_write_options(self.write_options)
         return cf, self.db.get_column_family_handle(name)
+
+    def table_names(self) -> set[str]:
+        """Every table open here or stored in the database."""
+        stored = (self.default_table if name == "default" else name for name in Rdict.list_cf(self.path))
+        return set(self.tables) | set(stored)
 
     def close(self) -> None:
         if self.closed:
@@ -260,6 +276,11 @@ class RocksDBStore(Store):
             after any rescale, comes from those columns alone, and all entries of one
             grouping key are adjacent (see :meth:`iter_prefix`). ``key_types`` then
             types the grouping columns. None: the whole key is the grouping key.
+        default_column_family: keep ``table`` in RocksDB's default column family, which
+            every database has and which otherwise stays empty beside the tables (each
+            column family costs every open, flush and close); the store then has no table
+            named ``"default"``. A store that already holds a column family named ``table``
+            keeps the table there. Only for the store that opens the database.
     """
 
     batches_writes = True
@@ -276,6 +297,7 @@ class RocksDBStore(Store):
         block_cache_bytes: int = 64 << 20,
         bloom_bits_per_key: float = 10,
         group_columns: int | None = None,
+        default_column_family: bool = False,
         _database: _Database | None = None,
     ) -> None:
         super().__init__(name=table, max_parallelism=max_parallelism, key_types=key_types, serializer=serializer)
@@ -287,7 +309,8 @@ class RocksDBStore(Store):
         if _database is None:
             os.makedirs(self.path, exist_ok=True)
             _database = _Database(
-                self.path, wal=wal, block_cache_bytes=block_cache_bytes, bloom_bits_per_key=bloom_bits_per_key
+                self.path, wal=wal, block_cache_bytes=block_cache_bytes, bloom_bits_per_key=bloom_bits_per_key,
+                default_table=table if default_column_family else "default",
             )
             self._owner = True
         else:
@@ -643,7 +666,7 @@ class RocksDBStore(Store):
     def tables(self) -> list[str]:
         if self._database.closed:
             raise StoreClosedError(f"RocksDBStore at {self.path!r} is closed")
-        return sorted(set(self._database.tables) | set(Rdict.list_cf(self.path)))
+        return sorted(self._database.table_names())
 
     def flush(self) -> None:
         """Persist this table's memtable to SST files (durable without a WAL)."""

@@ -141,6 +141,44 @@ def test_sst_files_ingested_into_a_table_never_written_create_it(tmp_path):
         store.close()
 
 
+def test_a_table_in_the_default_column_family_is_the_only_column_family_and_survives_reopen(tmp_path):
+    path = tmp_path / "db"
+    store = RocksDBStore(path, table="state", default_column_family=True)
+    store.put_many([(1, "a"), (2, "b")])
+    store.table("timers").put(1, "t")
+    assert store.tables() == ["state", "timers"]
+    store.close()
+    assert _column_families(path) == {"default", "timers"}
+    reopened = RocksDBStore(path, table="state", default_column_family=True)
+    try:
+        assert dict(reopened.items()) == {(1,): "a", (2,): "b"}
+        assert reopened.table("timers").get(1) == "t"
+        with pytest.raises(ValueError, match="keeps table 'state' in its default column family"):
+            reopened.table("default")
+    finally:
+        reopened.close()
+
+
+def test_a_store_with_a_column_family_by_the_tables_name_keeps_the_table_there(tmp_path):
+    # A working store written before its table was kept in the default column family must read the same.
+    path = tmp_path / "db"
+    store = RocksDBStore(path, table="state")
+    store.put(1, "a")
+    store.close()
+    reopened = RocksDBStore(path, table="state", default_column_family=True)
+    try:
+        assert reopened.get(1) == "a"
+        reopened.put(2, "b")
+    finally:
+        reopened.close()
+    assert _column_families(path) == {"default", "state"}
+    plain = RocksDBStore(path, table="state")
+    try:
+        assert dict(plain.items()) == {(1,): "a", (2,): "b"}
+    finally:
+        plain.close()
+
+
 def test_a_closed_store_releases_its_lock(tmp_path):
     """close() must release the RocksDB LOCK at once, even while the closed object is still referenced."""
     path = tmp_path / "db"

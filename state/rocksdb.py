@@ -224,14 +224,13 @@ class _Database:
                 f"the RocksDB store at {self.path!r} keeps table {self.default_table!r} in its default column "
                 f"family: it has no table 'default'"
             )
-        else:
-            try:
-                cf = self.db.get_column_family(name)
-            except Exception:  # rocksdict raises plain Exception for a missing column family
-                if not create:
-                    return None, None
-                cf = self.db.create_column_family(name, self._cf_options)
-            cf.set_write_options(self.write_options)
+        try:
+            cf = self.db.get_column_family(name)
+        except Exception:  # rocksdict raises plain Exception for a missing column family
+            if not create:
+                return None, None
+            cf = self.db.create_column_family(name, self._cf_options)
+        cf.set_write_options(self.write_options)
         return cf, self.db.get_column_family_handle(name)
 
     def table_names(self) -> set[str]:
@@ -282,7 +281,9 @@ class RocksDBStore(Store):
             every database has and which otherwise stays empty beside the tables (each
             column family costs every open, flush and close); the store then has no table
             named ``"default"``. A store that already holds a column family named ``table``
-            keeps the table there. Only for the store that opens the database.
+            keeps the table there. Only for the store that opens the database; open it with
+            the same flag every time (without it, a table kept in the default column family
+            reads as empty).
     """
 
     batches_writes = True

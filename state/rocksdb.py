@@ -585,13 +585,18 @@ class RocksDBStore(Store):
         Restores are not recorded as changes: they bring back what a checkpoint already holds.
         ``track=True`` records them (for tables whose raw keys a caller builds, e.g. an expiry order).
         """
-        batch = WriteBatch(raw_mode=True)
+        changed = self._changed if track else None
         if isinstance(self._cf, _Absent):
+            pairs = list(pairs)
+            if all(raw_value is None for _, raw_value in pairs):  # deletes in a table never written
+                if changed is not None:
+                    changed.update(raw_key for raw_key, _ in pairs)
+                return
             self._create()
+        batch = WriteBatch(raw_mode=True)
         batch.set_default_column_family(self._handle)
         put = batch.put
         delete = batch.delete
-        changed = self._changed if track else None
         for raw_key, raw_value in pairs:
             if raw_value is None:
                 delete(raw_key)

@@ -107,13 +107,18 @@ def test_the_first_write_creates_the_table_and_survives_reopen(tmp_path, write):
         reopened.close()
 
 
-def test_deletes_alone_leave_a_table_unwritten(tmp_path):
+def test_deletes_alone_leave_a_table_unwritten_and_are_tracked(tmp_path):
     store = RocksDBStore(tmp_path / "db", max_parallelism=MAX_P)
     try:
         pending = store.table("pending")
-        pending.delete_many([1, 2])
-        pending.write_raw_columns(pending.raw_keys([normalize_key(1)]), [None])
+        pending.track_changes()
+        raw_keys = pending.raw_keys([normalize_key(1), normalize_key(2), normalize_key(3)])
+        pending.delete_many([1])
+        pending.write_raw_columns(raw_keys[1:2], [None])
+        pending.write_raw([(raw_keys[2], None)], track=True)
+        pending.write_raw([])
         assert "pending" not in _column_families(tmp_path / "db")
+        assert pending.drain_changes() == {raw_keys[0], raw_keys[2]}  # write_raw_columns is not tracked
     finally:
         store.close()
 

@@ -44,6 +44,7 @@ from .keys import (
     normalize_key,
     spark_hash,
     spark_hash_longs,
+    split_pairs,
 )
 from .serializers import Serializer
 
@@ -585,27 +586,10 @@ class RocksDBStore(Store):
         Restores are not recorded as changes: they bring back what a checkpoint already holds.
         ``track=True`` records them (for tables whose raw keys a caller builds, e.g. an expiry order).
         """
-        changed = self._changed if track else None
-        if isinstance(self._cf, _Absent):
-            pairs = list(pairs)
-            if all(raw_value is None for _, raw_value in pairs):  # deletes in a table never written
-                if changed is not None:
-                    changed.update(raw_key for raw_key, _ in pairs)
-                return
-            self._create()
-        batch = WriteBatch(raw_mode=True)
-        batch.set_default_column_family(self._handle)
-        put = batch.put
-        delete = batch.delete
-        for raw_key, raw_value in pairs:
-            if raw_value is None:
-                delete(raw_key)
-            else:
-                put(raw_key, raw_value)
-            if changed is not None:
-                changed.add(raw_key)
-        if batch.len():
-            self._cf.write(batch)
+        keys, values = split_pairs(pairs)
+        if track and self._changed is not None:
+            self._changed.update(keys)
+        self._write_batch(keys, values)
 
     def raw_keys(self, nkeys: Sequence[NormalizedKey]) -> list[bytes]:
         """The raw keys (key group + canonical bytes) of normalized keys, as this table stores them."""

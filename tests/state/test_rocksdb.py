@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from rocksdict import Rdict
+from rocksdict import Options, Rdict, SstFileWriter
 
 from state import RocksDBStore, StoreClosedError, StoreError, StoreLockedError, WriteBackCache
 from state.keys import normalize_key
@@ -128,8 +128,6 @@ def test_sst_files_ingested_into_a_table_never_written_create_it(tmp_path):
     source.put_many([(i, i) for i in range(10)])
     pairs = list(source.iter_raw())
     source.close()
-    from rocksdict import Options, SstFileWriter
-
     sst = str(tmp_path / "part.sst")
     writer = SstFileWriter(Options(raw_mode=True))
     writer.open(sst)

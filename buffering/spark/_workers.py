@@ -118,6 +118,11 @@ def _discard(key: _Key) -> None:
             live.instance.discard()
 
 
+def holds_instances() -> bool:
+    """Whether this process holds an operator instance (running or suspended)."""
+    return bool(_LIVE)
+
+
 def discard(plan: TaskPlan, index: int) -> None:
     """After a failed or abandoned task: :func:`_discard` this process's instance ``index``."""
     _discard(_key(plan, index))

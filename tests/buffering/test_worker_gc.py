@@ -1,0 +1,119 @@
+"""A Spark Python worker's objects are frozen out of the garbage collector once, at its first opbuffer task.
+
+Each case runs in a fresh interpreter: freezing is once per process, and the
+test process must keep its own collector as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+
+def run_worker(body: str, env: dict[str, str] | None = None) -> Any:
+    """Run ``body`` in a fresh interpreter (``_gc`` and ``gc`` imported); it prints one JSON value."""
+    script = "import gc, json\nfrom buffering.spark import _gc\n" + textwrap.dedent(body)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=os.getcwd(), timeout=120,
+        env={**os.environ, **(env or {})},
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_first_task_of_a_process_freezes_every_object_alive():
+    result = run_worker(
+        """
+        before = gc.get_freeze_count()
+        froze = _gc.freeze_once(holds_instances=False)
+        print(json.dumps([before, froze, gc.get_freeze_count()]))
+        """
+    )
+    before, froze, after = result
+    assert before == 0 and froze is True
+    assert after > 1000  # the imports' modules, classes and functions
+
+
+def test_later_tasks_freeze_nothing_more():
+    result = run_worker(
+        """
+        _gc.freeze_once(holds_instances=False)
+        frozen = gc.get_freeze_count()
+        made_since = [[i] for i in range(1000)]
+        print(json.dumps([_gc.freeze_once(holds_instances=False), frozen, gc.get_freeze_count()]))
+        """
+    )
+    again, frozen, after = result
+    assert again is False and after == frozen
+
+
+def test_garbage_left_before_the_freeze_is_collected_not_frozen():
+    result = run_worker(
+        """
+        import weakref
+        class Node:
+            pass
+        cycle = Node()
+        cycle.me = cycle  # unreachable once deleted, freed only by a collection
+        alive = weakref.ref(cycle)
+        del cycle
+        _gc.freeze_once(holds_instances=False)
+        print(json.dumps(alive() is None))
+        """
+    )
+    assert result is True
+
+
+def test_a_process_that_already_holds_instances_is_never_frozen():
+    result = run_worker(
+        """
+        first = _gc.freeze_once(holds_instances=True)
+        later = _gc.freeze_once(holds_instances=False)
+        print(json.dumps([first, later, gc.get_freeze_count()]))
+        """
+    )
+    assert result == [False, False, 0]
+
+
+def test_the_environment_variable_turns_the_freeze_off():
+    result = run_worker(
+        """
+        print(json.dumps([_gc.freeze_once(holds_instances=False), gc.get_freeze_count()]))
+        """,
+        env={_gc_env(): "0"},
+    )
+    assert result == [False, 0]
+
+
+def test_a_worker_task_freezes_before_it_makes_its_instance(tmp_path):
+    """run_task freezes at its start, while the process holds no instance: the instance it makes stays collectable."""
+    result = run_worker(
+        f"""
+        from pyspark.sql.types import LongType, StructField, StructType
+        from buffering.spark import _task, _workers
+        from buffering.spark.stream import StreamRunner
+        from tests.buffering.helpers import count_sum
+        schema = StructType([StructField("k", LongType()), StructField("v", LongType())])
+        output = StructType([StructField(c, LongType()) for c in ("k", "n", "s")])
+        runner = StreamRunner(count_sum, input_schema=schema, key="k", output_schema=output,
+                              checkpoint_location={str(tmp_path / "ckpt")!r}, sink="noop", parallelism=1,
+                              workdir={str(tmp_path / "work")!r})
+        context, _ = runner.context(0)
+        list(_task.run_task(runner.plan, context, iter([]), partition_id=0))
+        (live,) = _workers._LIVE.values()
+        collectable = any(o is live.instance for o in gc.get_objects())
+        print(json.dumps([gc.get_freeze_count() > 1000, collectable]))
+        _workers.close_all()
+        """
+    )
+    assert result == [True, True]
+
+
+def _gc_env() -> str:
+    from buffering.spark._gc import GC_FREEZE_ENV
+
+    return GC_FREEZE_ENV

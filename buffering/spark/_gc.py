@@ -4,9 +4,9 @@ PySpark's daemon runs a full ``gc.collect()`` after every task of a reused
 Python worker. A full collection visits every object the collector tracks, and
 a worker that has imported pandas, pyarrow, pyspark and opbuffer tracks about
 80,000 of them (25-35 ms a collection on an idle core here; in the Spark workers
-of ``benchmarks.spark_e2e``, two workers on two busy cores, 74 ms median and up
-to 157 ms after every task). Nearly all of them are modules, classes and
-functions, which never become garbage. :func:`freeze_once` collects once and
+of ``benchmarks.spark_e2e`` at 100k tweets, two workers on two busy cores, 69 ms
+median and up to 157 ms after every task). Nearly all of them are modules,
+classes and functions, which never become garbage. :func:`freeze_once` collects once and
 moves every object then alive into the permanent generation (``gc.freeze()``),
 which later collections skip, so the daemon's collection after each task visits
 only what was made since.

@@ -15,8 +15,10 @@ A frozen object that later becomes part of an unreachable reference cycle is
 never freed, so the freeze happens once per process, at the start of its first
 opbuffer task and only while it holds no operator instance (an instance a later
 hand-over drops must stay collectable): what gets frozen is the imports and
-Spark's own objects of that one task. ``OPBUFFER_GC_FREEZE=0`` in the executors'
-environment (e.g. ``spark.executorEnv.OPBUFFER_GC_FREEZE=0``) turns it off.
+Spark's own objects of that one task. Only a Spark task freezes (:func:`freeze_in_task`):
+a task function called outside Spark (a test, a driver) leaves its process's
+collector alone. ``OPBUFFER_GC_FREEZE=0`` in the executors' environment (e.g.
+``spark.executorEnv.OPBUFFER_GC_FREEZE=0``) turns it off.
 """
 
 from __future__ import annotations
@@ -46,3 +48,12 @@ def freeze_once(holds_instances: bool) -> bool:
     gc.collect()
     gc.freeze()
     return True
+
+
+def freeze_in_task(holds_instances: bool) -> bool:
+    """:func:`freeze_once` when called inside a Spark task (a Python worker); else nothing, and the once is kept."""
+    from pyspark import TaskContext
+
+    if TaskContext.get() is None:
+        return False
+    return freeze_once(holds_instances)

@@ -61,7 +61,7 @@ from ..protocol import call_function
 from ..processor import processor_timeout
 from state import RocksDBStore, WriteBackCache
 from ..buffer import _object_column
-from ._gc import freeze_once
+from ._gc import freeze_in_task
 from ._plan import is_connect, key_list, key_types_of, operator_index_sql, output_schema_for, quoted
 from ._sql_combine import SqlPartial, sql_exprs, sql_partials
 from ._sql_combine import accumulators as sql_accumulators
@@ -106,7 +106,7 @@ def process_partition(plan: BoundedPlan, batches: Iterable[pd.DataFrame]) -> Ite
     (plus one at the end for the last key). Raises ValueError when the
     function's output lacks an output column.
     """
-    freeze_once(holds_instances=False)  # run_batch keeps no state between tasks
+    freeze_in_task(holds_instances=False)  # run_batch keeps no state between tasks
     spec = plan.spec
     if spec.aggregations is not None:
         yield from _aggregate_partition(plan, spec.aggregations, batches)

@@ -79,6 +79,17 @@ def test_a_process_that_already_holds_instances_is_never_frozen():
     assert result == [False, False, 0]
 
 
+def test_outside_a_spark_task_nothing_is_frozen_and_the_once_is_kept():
+    result = run_worker(
+        """
+        outside = _gc.freeze_in_task(holds_instances=False)
+        count = gc.get_freeze_count()
+        print(json.dumps([outside, count, _gc.freeze_once(holds_instances=False)]))
+        """
+    )
+    assert result == [False, 0, True]
+
+
 def test_the_environment_variable_turns_the_freeze_off():
     result = run_worker(
         """
@@ -89,28 +100,36 @@ def test_the_environment_variable_turns_the_freeze_off():
     assert result == [False, 0]
 
 
-def test_a_worker_task_freezes_before_it_makes_its_instance(tmp_path):
-    """run_task freezes at its start, while the process holds no instance: the instance it makes stays collectable."""
-    result = run_worker(
-        f"""
-        from pyspark.sql.types import LongType, StructField, StructType
-        from buffering.spark import _task, _workers
-        from buffering.spark.stream import StreamRunner
-        from tests.buffering.helpers import count_sum
-        schema = StructType([StructField("k", LongType()), StructField("v", LongType())])
-        output = StructType([StructField(c, LongType()) for c in ("k", "n", "s")])
-        runner = StreamRunner(count_sum, input_schema=schema, key="k", output_schema=output,
-                              checkpoint_location={str(tmp_path / "ckpt")!r}, sink="noop", parallelism=1,
-                              workdir={str(tmp_path / "work")!r})
-        context, _ = runner.context(0)
-        list(_task.run_task(runner.plan, context, iter([]), partition_id=0))
-        (live,) = _workers._LIVE.values()
-        collectable = any(o is live.instance for o in gc.get_objects())
-        print(json.dumps([gc.get_freeze_count() > 1000, collectable]))
-        _workers.close_all()
-        """
+_RUN_ONE_TASK = """
+from pyspark.sql.types import LongType, StructField, StructType
+from buffering.spark import _task, _workers
+from buffering.spark.stream import StreamRunner
+from tests.buffering.helpers import count_sum
+schema = StructType([StructField("k", LongType()), StructField("v", LongType())])
+output = StructType([StructField(c, LongType()) for c in ("k", "n", "s")])
+runner = StreamRunner(count_sum, input_schema=schema, key="k", output_schema=output,
+                      checkpoint_location=CKPT, sink="noop", parallelism=1, workdir=WORK)
+context, _ = runner.context(0)
+list(_task.run_task(runner.plan, context, iter([]), partition_id=0))
+(live,) = _workers._LIVE.values()
+collectable = any(o is live.instance for o in gc.get_objects())
+print(json.dumps([gc.get_freeze_count(), collectable]))
+_workers.close_all()
+"""
+
+
+def test_a_spark_task_freezes_before_it_makes_its_instance(tmp_path):
+    """Inside a Spark task, run_task freezes at its start: the instance it then makes stays collectable."""
+    as_spark_task = "from pyspark import TaskContext\nTaskContext.get = classmethod(lambda cls: object())\n"
+    frozen, collectable = run_worker(
+        f"CKPT, WORK = {str(tmp_path / 'ckpt')!r}, {str(tmp_path / 'work')!r}\n" + as_spark_task + _RUN_ONE_TASK
     )
-    assert result == [True, True]
+    assert frozen > 1000 and collectable is True
+
+
+def test_a_task_function_called_outside_spark_leaves_the_collector_alone(tmp_path):
+    frozen, _ = run_worker(f"CKPT, WORK = {str(tmp_path / 'ckpt')!r}, {str(tmp_path / 'work')!r}\n" + _RUN_ONE_TASK)
+    assert frozen == 0
 
 
 def _gc_env() -> str:

@@ -50,10 +50,17 @@ def freeze_once(holds_instances: bool) -> bool:
     return True
 
 
-def freeze_in_task(holds_instances: bool) -> bool:
-    """:func:`freeze_once` when called inside a Spark task (a Python worker); else nothing, and the once is kept."""
+def freeze_in_task() -> bool:
+    """:func:`freeze_once` when called inside a Spark task (a Python worker); else nothing, and the once is kept.
+
+    Whether the process holds operator instances is asked here, not by the caller: a worker
+    runs the tasks of every query of its application (a run_batch task may follow a
+    run_stream one).
+    """
     from pyspark import TaskContext
+
+    from . import _workers
 
     if TaskContext.get() is None:
         return False
-    return freeze_once(holds_instances)
+    return freeze_once(_workers.holds_instances())

@@ -200,7 +200,7 @@ def combine_partition(plan: TaskPlan, context: BatchContext, batches: Iterator[p
     partition's rows are combined in one vectorized pass
     (:meth:`ColumnarLayout.from_rows`; else Python work per unique key).
     """
-    _gc.freeze_in_task(holds_instances=_workers.holds_instances())
+    _gc.freeze_in_task()
     aggs = plan.spec.mini_batch.aggregations if plan.spec.mini_batch is not None else None
     assert aggs is not None
     frames = []
@@ -327,7 +327,7 @@ def run_task(
 
         task_context = TaskContext.get()
         partition_id = task_context.partitionId() if task_context is not None else 0
-    _gc.freeze_in_task(holds_instances=_workers.holds_instances())
+    _gc.freeze_in_task()
     instances: dict[int, OperatorInstance] = {}
     completed = False
     try:

@@ -106,7 +106,7 @@ def process_partition(plan: BoundedPlan, batches: Iterable[pd.DataFrame]) -> Ite
     (plus one at the end for the last key). Raises ValueError when the
     function's output lacks an output column.
     """
-    freeze_in_task(holds_instances=False)  # run_batch keeps no state between tasks
+    freeze_in_task()
     spec = plan.spec
     if spec.aggregations is not None:
         yield from _aggregate_partition(plan, spec.aggregations, batches)

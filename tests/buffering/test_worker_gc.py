@@ -13,6 +13,8 @@ import sys
 import textwrap
 from typing import Any
 
+from buffering.spark._gc import GC_FREEZE_ENV
+
 
 def run_worker(body: str, env: dict[str, str] | None = None) -> Any:
     """Run ``body`` in a fresh interpreter (``_gc`` and ``gc`` imported); it prints one JSON value."""
@@ -82,7 +84,7 @@ def test_a_process_that_already_holds_instances_is_never_frozen():
 def test_outside_a_spark_task_nothing_is_frozen_and_the_once_is_kept():
     result = run_worker(
         """
-        outside = _gc.freeze_in_task(holds_instances=False)
+        outside = _gc.freeze_in_task()
         count = gc.get_freeze_count()
         print(json.dumps([outside, count, _gc.freeze_once(holds_instances=False)]))
         """
@@ -95,7 +97,7 @@ def test_the_environment_variable_turns_the_freeze_off():
         """
         print(json.dumps([_gc.freeze_once(holds_instances=False), gc.get_freeze_count()]))
         """,
-        env={_gc_env(): "0"},
+        env={GC_FREEZE_ENV: "0"},
     )
     assert result == [False, 0]
 
@@ -132,7 +134,12 @@ def test_a_task_function_called_outside_spark_leaves_the_collector_alone(tmp_pat
     assert frozen == 0
 
 
-def _gc_env() -> str:
-    from buffering.spark._gc import GC_FREEZE_ENV
-
-    return GC_FREEZE_ENV
+def test_a_spark_task_in_a_process_holding_instances_freezes_nothing(tmp_path):
+    """Whatever task comes next (a run_batch one included), a process holding a stream's instances never freezes."""
+    held_then_task = (
+        f"CKPT, WORK = {str(tmp_path / 'ckpt')!r}, {str(tmp_path / 'work')!r}\n"
+        + _RUN_ONE_TASK.replace("_workers.close_all()", "")
+        + "from pyspark import TaskContext\nTaskContext.get = classmethod(lambda cls: object())\n"
+        + "print(json.dumps([_gc.freeze_in_task(), gc.get_freeze_count()]))\n_workers.close_all()\n"
+    )
+    assert run_worker(held_then_task) == [False, 0]

@@ -99,14 +99,30 @@ def concatenated_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.arange(total, dtype=np.int64) + np.repeat(starts.astype(np.int64) - (ends - lengths), lengths)
 
 
+#: Above this many bytes a range on average, :func:`gather_ranges` copies range by range (about 0.3 us
+#: a range) rather than through an index per byte (about 14 ns a byte); measured crossover 30-40 bytes.
+_SLICE_GATHER_BYTES = 40
+
+
 def gather_ranges(source: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """``source[s:s + n]`` for each (s, n), concatenated. Values of one width lying at multiples of it
-    (fixed-width accumulators, as a merge encodes them and a block keeps them) are gathered as rows of
-    a 2-D view, one copy per value instead of an index per byte."""
-    if len(lengths):
+    """``source[s:s + n]`` for each (s, n), concatenated, as a new writable array.
+
+    Values of one width lying at multiples of it (fixed-width accumulators, as a
+    merge encodes them and a block keeps them) are gathered as rows of a 2-D view,
+    one copy per value. Long values of several widths (sketch images) are joined as
+    slices, O(ranges + bytes); short ones through an index per byte, O(bytes) with
+    a larger constant but no per-range Python step."""
+    n = len(lengths)
+    if n:
         width = int(lengths[0])
         if width > 0 and len(source) % width == 0 and (lengths == width).all() and not (starts % width).any():
             return source.reshape(-1, width)[starts // width].reshape(-1)
+        total = int(lengths.sum())
+        if total > _SLICE_GATHER_BYTES * n and source.itemsize == 1:
+            view = memoryview(np.ascontiguousarray(source))
+            ends = (starts + lengths).tolist()
+            joined = bytearray().join([view[a:b] for a, b in zip(starts.tolist(), ends)])
+            return np.frombuffer(joined, dtype=np.uint8)
     return source[concatenated_ranges(starts, lengths)]
 
 

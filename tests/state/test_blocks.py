@@ -62,14 +62,30 @@ def _churn(cache, seed: int, keyspace: int, steps: int, most: int, flush_every: 
         ([0, 8, 20], [8, 12, 4]),  # several widths
         ([0, 8], [0, 0]),
         ([], []),
+        ([60, 0, 130, 10], [70, 50, 60, 0]),  # long values of several widths: copied range by range
+        ([200, 0], [50, 41]),
     ],
 )
 def test_gather_ranges_concatenates_the_byte_ranges(starts, lengths):
-    source = np.arange(32, dtype=np.uint8)
+    source = np.arange(256, dtype=np.uint8)
     starts, lengths = np.array(starts, dtype=np.int64), np.array(lengths, dtype=np.int64)
     expected = b"".join(source[s : s + n].tobytes() for s, n in zip(starts.tolist(), lengths.tolist()))
     assert gather_ranges(source, starts, lengths).tobytes() == expected
     assert source[concatenated_ranges(starts, lengths)].tobytes() == expected
+
+
+@pytest.mark.parametrize("lengths", [[8, 8], [3, 5], [90, 70]])
+def test_gather_ranges_returns_a_new_writable_array(lengths):
+    source = np.arange(256, dtype=np.uint8)
+    out = gather_ranges(source, np.array([100, 0], dtype=np.int64), np.array(lengths, dtype=np.int64))
+    out[:] = 0
+    assert out.flags.writeable and source[0] == 0 and source[100] == 100
+
+
+def test_gather_ranges_reads_a_strided_source():
+    source = np.arange(512, dtype=np.uint8)[::2]
+    starts, lengths = np.array([100, 3], dtype=np.int64), np.array([60, 45], dtype=np.int64)
+    assert gather_ranges(source, starts, lengths).tobytes() == source[100:160].tobytes() + source[3:48].tobytes()
 
 
 def test_a_write_back_stores_block_records_per_key_group_holding_the_per_key_records(table, tmp_path):

@@ -13,6 +13,7 @@ datasketches = pytest.importorskip("datasketches")
 
 from buffering import ApproxDistinct, CollectSet, Count, LocalRunner, Max, aggregate, cached_state  # noqa: E402
 from buffering.aggregations.columnar import (  # noqa: E402
+    _fill,
     ColumnarLayout,
     HllField,
     PackedAccumulator,
@@ -446,3 +447,18 @@ def test_a_numeric_array_of_partials_becomes_the_column_of_its_python_values(arr
 ], ids=["uint64 past int64", "bools", "strings", "an int past int64", "two dimensions"])
 def test_partials_the_vectorized_path_does_not_take_are_left_to_the_loop(array):
     assert _scalar_column_of_array(array) is None
+
+
+@pytest.mark.parametrize("rows", [5, 300])  # below and above the word path's 64 rows
+@pytest.mark.parametrize("width", [3, 8, 45])
+def test_fill_writes_the_constant_at_every_position_and_nothing_else(rows, width):
+    rng = np.random.default_rng(rows + width)
+    gaps = rng.integers(0, 11, rows)  # every residue mod 8, rows back to back included
+    pos = np.cumsum(gaps + width) - width
+    buf = np.full(int(pos[-1]) + width + int(rng.integers(0, 9)), 0xEE, dtype=np.uint8)
+    constant = rng.integers(0, 256, width, dtype=np.uint8)
+    expected = buf.copy()
+    for p in pos.tolist():
+        expected[p : p + width] = constant
+    _fill(buf, pos, constant)
+    assert buf.tobytes() == expected.tobytes()

@@ -866,6 +866,13 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
                 # not a target: how far (c) is from what its Spark plan alone costs
                 log(f"[{card}] ceiling: (f) / floor (d) = {t['f'] / t['d']:.2f}x; (c) / (f) = {t['c'] / t['f']:.2f}x"
                     if "d" in t else f"[{card}] (c) / (f) = {t['c'] / t['f']:.2f}x")
+            floors = [t[f] for f in ("d", "f") if f in t]
+            if floors and card == max(cards) and ("a" in t or "e" in t):
+                # not a target: the most that any variant could reach in this run against (a) and (e),
+                # since none is faster than its floor (the faster of (d) and (f))
+                c["ceilings"] = {f"vs ({x})": t[x] / min(floors) for x in ("a", "e") if x in t}
+                log(f"[{card}] ceiling: " + "; ".join(
+                    f"{name}: {ratio:.2f}x ((d) or (f), the faster)" for name, ratio in c["ceilings"].items()))
             if "h" in t and "i" in t and args.placement == "executor":
                 log(f"[{card}] executor ceiling: (i) / floor (d) = {t['i'] / t['d']:.2f}x; (h) / (i) = {t['h'] / t['i']:.2f}x"
                     if "d" in t else f"[{card}] (h) / (i) = {t['h'] / t['i']:.2f}x")

@@ -72,6 +72,9 @@ and recorded in the JSON.
 Targets: (c) >= 40x faster than (a) and >= 3x faster than (e) at 100k tweets;
 (c) <= 1.3x the floor (d) at every cardinality; (b) never slower than (a) (>= 1x).
 (g) and (h) are checked against (c)'s targets too: the same job with another state layout or plan.
+Ceilings, printed beside the targets: (f) / (d) per cardinality (what (c)'s plan costs without its
+operator), and at the largest cardinality (a) and (e) over the faster of (d) and (f), the most that any variant
+could be faster than them in the run (also in the JSON, ``per_cardinality[...]["ceilings"]``).
 
 Spark: ``local[2]`` (``--master``), UI off, loopback driver, shuffle partitions
 = ``--parallelism`` (4). The machine's load average is recorded before and

@@ -76,12 +76,14 @@ Ceilings, printed beside the targets: (f) / (d) per cardinality (what (c)'s plan
 operator), and at the largest cardinality (a) and (e) over the faster of (d) and (f), the most that any variant
 could be faster than them in the run (also in the JSON, ``per_cardinality[...]["ceilings"]``).
 
-Spark: ``local[2]`` (``--master``), UI off, loopback driver, shuffle partitions
+Spark: ``local[2]`` (``--master``; ``--standalone N`` starts a standalone cluster of N one-core
+workers for the run instead), UI off, loopback driver, shuffle partitions
 = ``--parallelism`` (4). The machine's load average is recorded before and
 after every run (others use the machine).
 
     python -m benchmarks.spark_e2e [--quick] [--views N] [--users N] [--batches N]
         [--cardinalities 100000,10000,1000,20] [--variants a,b,c,d] [--repeat N]
+        [--standalone WORKERS]
         [--parallelism P] [--max-entries N] [--zipf S] [--spark-state-store hdfs|rocksdb]
         [--arrow-max-records N] [--c-combine-before-shuffle auto|off] [--placement batch|executor]
 """
@@ -115,6 +117,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 VIEWS = 2_000_000
 USERS = 25_000
 BATCHES = 4
+#: memory each worker of --standalone offers (its executor takes Spark's default 1g of it)
+STANDALONE_WORKER_MEMORY = "3g"
 CARDINALITIES = (100_000, 10_000, 1_000, 20)
 QUICK = {"views": 40_000, "users": 5_000, "batches": 4, "cardinalities": (2_000, 20)}
 VARIANTS = ("a", "b", "c", "d", "e", "f", "g", "h", "i")
@@ -618,6 +622,10 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--zipf", type=float, default=1.0, help="zipf exponent of the tweet popularity (default 1.0)")
     p.add_argument("--seed", type=int, default=1234, help="random seed of the workload")
     p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    p.add_argument("--standalone", type=int, default=None, metavar="N",
+                   help="start a Spark standalone cluster of N one-core workers for the run (each with its own temp "
+                        "and local directories, as N machines; buffering.spark.standalone.StandaloneCluster) and use "
+                        "it as the master instead of --master")
     p.add_argument("--driver-memory", default="4g", help="spark.driver.memory (default 4g)")
     p.add_argument("--spark-state-store", choices=("hdfs", "rocksdb"), default="hdfs",
                    help="state store provider of (a) (default: Spark's default, HDFS-backed)")
@@ -638,6 +646,19 @@ def make_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     args = make_parser().parse_args(argv)
+    if args.standalone is None:
+        return _run(args)
+    if args.standalone < 1:
+        raise SystemExit(f"--standalone takes a number of workers >= 1, got {args.standalone}")
+    from buffering.spark.standalone import StandaloneCluster
+
+    with StandaloneCluster(workers=args.standalone, cores=1, memory=STANDALONE_WORKER_MEMORY) as cluster:
+        args.master = cluster.master_url
+        log(f"standalone cluster {cluster.master_url}: {args.standalone} one-core workers, logs in {cluster.directory}")
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> dict[str, Any]:
     started = now()
     n_views = args.views or (QUICK["views"] if args.quick else VIEWS)
     users = args.users or (QUICK["users"] if args.quick else USERS)
@@ -683,6 +704,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         "repeat": args.repeat,
         "parallelism": args.parallelism,
         "master": args.master,
+        "standalone_workers": args.standalone,
         "spark_state_store_for_a": args.spark_state_store,
         "max_entries": args.max_entries,
         "arrow_max_records_per_batch": args.arrow_max_records or "Spark default (10000)",

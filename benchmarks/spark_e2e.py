@@ -638,7 +638,7 @@ def make_parser() -> argparse.ArgumentParser:
                    help="run_stream(combine_before_shuffle=...) of (c): auto = the runner's default (on for aggregate)")
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run of each variant")
     p.add_argument("--workdir", default=None, help="directory for input files, checkpoints and outputs (default: temp)")
-    p.add_argument("--keep", action="store_true", help="keep the work directory")
+    p.add_argument("--keep", action="store_true", help="keep the work directory (and --standalone's cluster directory)")
     p.add_argument("--note", default=None, help="free text kept in the JSON record (e.g. the code version)")
     p.add_argument("--out", default=None, help="path of the JSON record (default benchmarks/results/spark_e2e.json)")
     return p
@@ -652,10 +652,18 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         raise SystemExit(f"--standalone takes a number of workers >= 1, got {args.standalone}")
     from buffering.spark.standalone import StandaloneCluster
 
-    with StandaloneCluster(workers=args.standalone, cores=1, memory=STANDALONE_WORKER_MEMORY) as cluster:
-        args.master = cluster.master_url
-        log(f"standalone cluster {cluster.master_url}: {args.standalone} one-core workers, logs in {cluster.directory}")
-        return _run(args)
+    # The workers' directories (logs, temp files, executors' working stores) go with the run, as its work directory does.
+    directory = tempfile.mkdtemp(prefix="opbuffer-spark-e2e-cluster-")
+    try:
+        with StandaloneCluster(workers=args.standalone, cores=1, memory=STANDALONE_WORKER_MEMORY,
+                               directory=directory) as cluster:
+            args.master = cluster.master_url
+            log(f"standalone cluster {cluster.master_url}: {args.standalone} one-core workers, logs in {directory}"
+                f"{' (kept)' if args.keep else ' (removed after the run; --keep keeps them)'}")
+            return _run(args)
+    finally:
+        if not args.keep:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 def _run(args: argparse.Namespace) -> dict[str, Any]:

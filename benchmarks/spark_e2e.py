@@ -23,7 +23,8 @@ The variants (each with fresh checkpoint and output directories):
     store="rocksdb")``.
 (c) ``run_stream`` with ``cached_state(max_entries=..., store="rocksdb")(
     aggregate({"views": Count(), "viewers": ApproxDistinct("user")}))``
-    (map-side combine before the shuffle, the runner's default).
+    (map-side combine before the shuffle, the runner's default; the default
+    ``layout="auto"``: key-group blocks while the state fits the cache).
 (d) the floor: the same source, ``foreachBatch``: ``repartition(P, "tweet")``,
     an identity ``mapInPandas`` and the ``noop`` sink.
 (e) Spark SQL's own streaming aggregation: ``groupBy("tweet").agg(count(lit(1)),
@@ -32,6 +33,8 @@ The variants (each with fresh checkpoint and output directories):
     state store, the same parquet sink.
 (g) (c) with ``cached_state(..., layout="key_group")``: the state kept as one
     block per key group, in the cache and in RocksDB (``state.blocks``).
+(k) (c) with ``cached_state(..., layout="key")``: one record per key (the
+    default before ``"auto"``).
 (h) (g) with ``run_stream(combine_before_shuffle=False)``: no SQL combine, the
     rows are shuffled as they are (as in (d)) and each operator instance folds
     its batch's rows as columns (``ApproxDistinct`` hashed with numpy).
@@ -121,11 +124,11 @@ BATCHES = 4
 STANDALONE_WORKER_MEMORY = "3g"
 CARDINALITIES = (100_000, 10_000, 1_000, 20)
 QUICK = {"views": 40_000, "users": 5_000, "batches": 4, "cardinalities": (2_000, 20)}
-VARIANTS = ("a", "b", "c", "d", "e", "f", "g", "h", "i")
+VARIANTS = ("a", "b", "c", "d", "e", "f", "g", "h", "i", "k")
 #: run order inside a round: the floors first, the slow baseline last
-ORDER = ("d", "f", "i", "c", "g", "h", "e", "b", "a")
+ORDER = ("d", "f", "i", "c", "g", "h", "k", "e", "b", "a")
 #: the run_stream variants (their workers keep operator instances between runs)
-STATEFUL = ("b", "c", "g", "h")
+STATEFUL = ("b", "c", "g", "h", "k")
 LABELS = {
     "a": "(a) applyInPandasWithState, per-row HLL",
     "b": "(b) run_stream, same fn + mini_batch + cached_state",
@@ -136,6 +139,7 @@ LABELS = {
     "i": "(i) ceiling of (h), executor: its hosting plan, reading only",
     "g": "(g) (c) with cached_state(layout='key_group')",
     "h": "(h) (g) without the SQL combine: raw rows in",
+    "k": "(k) (c) with cached_state(layout='key')",
 }
 
 INPUT_SCHEMA = "tweet long, user long, ts long"
@@ -179,7 +183,7 @@ def decorated_tweet_stats(max_entries: int) -> Any:
     return buffering.mini_batch()(buffering.cached_state(max_entries=max_entries, store="rocksdb")(tweet_stats))
 
 
-def aggregate_tweet_stats(max_entries: int, layout: str = "key") -> Any:
+def aggregate_tweet_stats(max_entries: int, layout: str = "auto") -> Any:
     op = buffering.aggregate({"views": Count(), "viewers": ApproxDistinct("user", lg_k=HLL_LG_K, tgt_type=HLL_TYPE)})
     return buffering.cached_state(max_entries=max_entries, store="rocksdb", layout=layout)(op)
 
@@ -329,7 +333,7 @@ def run_variant(case: Case, variant: str) -> dict[str, Any]:
         if variant == "b":
             fn = decorated_tweet_stats(args.max_entries)
         else:
-            fn = aggregate_tweet_stats(args.max_entries, "key_group" if variant in ("g", "h") else "key")
+            fn = aggregate_tweet_stats(args.max_entries, {"g": "key_group", "h": "key_group", "k": "key"}.get(variant, "auto"))
         started = now()
         query = run_stream(
             case.stream(),
@@ -341,7 +345,7 @@ def run_variant(case: Case, variant: str) -> dict[str, Any]:
             parallelism=args.parallelism,
             trigger={"availableNow": True},
             workdir=os.path.join(os.path.dirname(checkpoint), "work"),
-            combine_before_shuffle=False if (variant == "h" or (variant in ("c", "g") and args.c_combine_before_shuffle == "off")) else None,
+            combine_before_shuffle=False if (variant == "h" or (variant in ("c", "g", "k") and args.c_combine_before_shuffle == "off")) else None,
             placement=args.placement,
         )
         query.awaitTermination()
@@ -614,7 +618,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--batches", type=int, default=None, help=f"parquet files = micro-batches (default {BATCHES}, >= 4)")
     p.add_argument("--cardinalities", default=None,
                    help=f"tweet cardinalities, comma-separated (default {','.join(map(str, CARDINALITIES))})")
-    p.add_argument("--variants", default=",".join(VARIANTS), help="which of a,b,c,d,e,f,g,h to run (default all)")
+    p.add_argument("--variants", default=",".join(VARIANTS), help="which of a,b,c,d,e,f,g,h,i,k to run (default all)")
     p.add_argument("--repeat", type=int, default=1, help="runs per variant and cardinality; the fastest is reported")
     p.add_argument("--parallelism", type=int, default=4, help="shuffle partitions = operator instances (default 4)")
     p.add_argument("--max-entries", type=int, default=50_000,
@@ -697,6 +701,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         "c": f"cached_state(max_entries={args.max_entries}, store='rocksdb')(aggregate({{'views': Count(), "
              f"'viewers': ApproxDistinct('user')}})), combine before shuffle",
         "g": f"(c) with cached_state(max_entries={args.max_entries}, store='rocksdb', layout='key_group')",
+        "k": f"(c) with cached_state(max_entries={args.max_entries}, store='rocksdb', layout='key')",
         "h": "(g) with run_stream(combine_before_shuffle=False): the rows shuffled as they are, each instance folds "
              "its batch's rows as columns (ApproxDistinct hashed with numpy)",
         "d": "foreachBatch: repartition(P, 'tweet') + identity mapInPandas + write.format('noop')",
@@ -786,7 +791,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
                         closed = close_worker_instances(spark)
                         log(f"[{card}] closed {sum(closed)} operator instances kept by {len(closed)} worker tasks")
             best = {v: min(rs, key=lambda r: r["seconds"]) for v, rs in runs.items() if rs}
-            outs = {v: best[v]["out"] for v in ("a", "b", "c", "e", "g", "h") if v in best}
+            outs = {v: best[v]["out"] for v in ("a", "b", "c", "e", "g", "h", "k") if v in best}
             check = verify(views, outs) if outs else {"ok": True, "problems": [], "note": "nothing to check"}
             for v, e in errors.items():
                 check["problems"].append(f"({v}) failed: {e}")
@@ -805,7 +810,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
                 vs_a = t["a"] / t[v] if "a" in t else None
                 vs_floor = t[v] / t["d"] if "d" in t else None
                 target = "-"
-                if v in ("c", "g", "h"):
+                if v in ("c", "g", "h", "k"):
                     parts = []
                     if card == max(cards) and vs_a is not None:
                         parts.append(f"vs(a)>={TARGET_C_VS_A:g}x {'PASS' if vs_a >= TARGET_C_VS_A else 'FAIL'}")
@@ -886,7 +891,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
             if not c:
                 continue
             t = c["seconds_best"]
-            for v in ("c", "g", "h"):  # (g) and (h) are (c) with another layout / plan: the same targets
+            for v in ("c", "g", "h", "k"):  # (g), (h), (k): (c) with another layout / plan: the same targets
                 if "a" in t and v in t and card == max(cards):
                     targets.append(check_target(f"({v}) vs (a) at {card} tweets", t["a"] / t[v], TARGET_C_VS_A, unit="x"))
                 if v in t and "d" in t:

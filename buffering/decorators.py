@@ -26,8 +26,9 @@ UserFunction = Callable[[tuple, Iterator[pd.DataFrame], Any], Iterator[pd.DataFr
 Combiner = Union[Mapping[str, Aggregation], Callable[[pd.DataFrame], pd.DataFrame]]
 
 _STORES = ("memory", "rocksdb")
-#: cached_state(layout=...): one record per key, or one block per key group (state.blocks).
-_LAYOUTS = ("key", "key_group")
+#: cached_state(layout=...): blocks while the state fits the cache, then per key; one record per key; one
+#: block per key group (state.blocks).
+_LAYOUTS = ("auto", "key", "key_group")
 
 
 def _positive_or_none(name: str, value: Any, kind: type = int) -> None:
@@ -85,8 +86,8 @@ class StateConfig:
     high_watermark: Optional[float] = None
     #: State not updated for this many ms of processing time expires (None: never).
     ttl_ms: Optional[int] = None
-    #: How the RocksDB state table keeps entries: one record per key, or one block per key group.
-    layout: str = "key"
+    #: How the RocksDB state table keeps entries: one record per key, one block per key group, or "auto".
+    layout: str = "auto"
 
     def __post_init__(self) -> None:
         if self.layout not in _LAYOUTS:
@@ -233,7 +234,7 @@ def cached_state(
     low_watermark: Optional[float] = None,
     high_watermark: Optional[float] = None,
     ttl_ms: Optional[int] = None,
-    layout: str = "key",
+    layout: str = "auto",
 ) -> Callable[[Any], Any]:
     """Keep the operator's state in ``store`` ("memory" or "rocksdb") behind a bounded write-back cache.
 
@@ -250,22 +251,32 @@ def cached_state(
     Spark's own ``applyInPandasWithState`` has no TTL: the runners apply it.
 
     ``layout`` (how an ``aggregate()``'s state is kept): ``"key"``, one
-    cache entry and one RocksDB record per key (the default), or
-    ``"key_group"``, one block per key group in the cache and in RocksDB
-    (:class:`state.blocks.KeyGroupCache`). Blocks take the per-key work out
-    of merging, write-backs, checkpoints, restores and reads of keys not
-    cached, but a write-back rewrites the whole block of every key group it
-    touches: choose them when most keys change between checkpoints (an
-    aggregate over hot keys) and ``max_entries`` / ``max_bytes`` hold the
-    instance's state (the bounds evict whole key groups). A tumbling or
-    hopping windowed aggregate keeps each window's entry in its key's block
-    (closing windows reads and deletes them as byte ranges); session windows
-    keep the per-key layout. Blocks take the bounds, the watermarks (dirty
-    key groups written back whole, least recently modified first) and a
-    runner's ``memory_budget`` and ``ttl_ms`` as the per-key layout does (the
-    expiries stay per key, in their own tables), but no policy other than LRU.
-    Either layout restores a checkpoint written with the other (converted as it
-    is read).
+    cache entry and one RocksDB record per key; ``"key_group"``, one block per
+    key group in the cache and in RocksDB (:class:`state.blocks.KeyGroupCache`);
+    or ``"auto"`` (the default), blocks while the state fits the cache, then
+    per key. Blocks take the per-key work out of merging, write-backs,
+    checkpoints, restores and reads of keys not cached, but a write-back
+    rewrites the whole block of every key group it touches and the bounds
+    evict whole key groups: they win when most keys change between
+    checkpoints (an aggregate over hot keys) and ``max_entries`` /
+    ``max_bytes`` hold the instance's state, and lose by far when the state
+    is several times the bounds (every batch then loads and writes back whole
+    key groups for a few keys each). ``"auto"`` starts with blocks where they
+    apply (an aggregate whose aggregations all have a column form, cached in
+    front of a RocksDB working store with the LRU policy) and, at the end of
+    the first batch in which its cache evicted a key group, turns the
+    instance's block records into per-key records (one pass over its state)
+    and goes on per key for the rest of the instance's life; an instance that
+    opens per-key records (a restore, an adopted store) keeps them. A tumbling
+    or hopping windowed aggregate keeps each window's entry in its key's block
+    (closing windows reads and deletes them as byte ranges); session windows,
+    functions and processors keep the per-key layout (``"key_group"`` is
+    refused for them, ``"auto"`` takes ``"key"``). Blocks take the bounds, the
+    watermarks (dirty key groups written back whole, least recently modified
+    first) and a runner's ``memory_budget`` and ``ttl_ms`` as the per-key
+    layout does (the expiries stay per key, in their own tables), but no
+    policy other than LRU. Every layout restores a checkpoint written with
+    another (converted as it is read).
     """
     config = StateConfig(max_entries, max_bytes, policy, store, path, low_watermark, high_watermark, ttl_ms, layout)
 
@@ -276,7 +287,7 @@ def cached_state(
                 f"cached_state(ttl_ms={ttl_ms!r}) expires state by processing time; a windowed aggregate's "
                 "windows are deleted when the watermark closes them"
             )
-        if layout != "key" and (spec.aggregations is None or (spec.window is not None and spec.window.spec.merges)):
+        if layout == "key_group" and (spec.aggregations is None or (spec.window is not None and spec.window.spec.merges)):
             what = "a session window (a key's sessions are one value, merged as they touch)" if spec.window is not None else (
                 "a processor" if spec.processor is not None else "a function (its state is read and written per key)"
             )

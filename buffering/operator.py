@@ -24,7 +24,7 @@ import pandas as pd
 from checkpoint import CheckpointStorage, CheckpointWriter, Manifest, TaskReport, restore
 from checkpoint.staging import sweep_stale_staging
 from state import MemoryStore, RocksDBStore, Store, WriteBackCache, key_group_range
-from state.blocks import KeyGroupCache, split_blocks
+from state.blocks import KeyGroupCache, holds_per_key_records, split_blocks
 from state.cache import CacheManager
 from state.group_state import NO_TIMESTAMP, GroupState, GroupStateTimeout
 from state.keys import NormalizedKey, key_column_values, normalize_key
@@ -115,6 +115,10 @@ class RunnerSettings(Protocol):
     def event_time(self) -> Optional[str]: ...
     @property
     def state_schema(self) -> Optional[StateSchema]: ...
+
+
+#: Counters of a cache's stats() (the rest are gauges).
+_CACHE_COUNTERS = ("hits", "misses", "evictions", "syncs", "writes")
 
 
 def _late_rows(watermark_ms: int, late_watermark_ms: Optional[int]) -> int:
@@ -291,7 +295,12 @@ class OperatorInstance:
                 f"memory_budget={manager.max_bytes} bounds caches in front of RocksDB working stores, but this "
                 "instance keeps its state in memory: use cached_state(store='rocksdb') or a checkpoint location"
             )
-        if config.layout == "key_group":
+        #: How the state is kept now: "key" or "key_group" (layout="auto" starts with blocks where they
+        #: apply and switches to per-key records when the state outgrows the cache: see _settle_layout).
+        self.layout = self._initial_layout(state_table, manager)
+        # Counters of the caches a layout switch retired, so that the instance's cache counters only grow.
+        self._retired_counters: dict[str, int] = {}
+        if self.layout == "key_group":
             self.cache = self._make_cache(state_table, f"state[{index}/{parallelism}]", layout="key_group")
         elif self.processor is None and (
             config.cached or manager is not None or (config.store == "memory" and isinstance(state_table, RocksDBStore))
@@ -331,6 +340,51 @@ class OperatorInstance:
         self._pending_keys: set[NormalizedKey] = set()
         self.suspended = False
 
+    def _initial_layout(self, state_table: Store, manager: Optional[CacheManager]) -> str:
+        """The layout an instance starts with: the configured one, or for ``layout="auto"`` key-group
+        blocks where they apply (an aggregate whose accumulators are columns, its state cached in front
+        of a RocksDB working store, evicted least recently used), else per key."""
+        config = self.spec.state
+        if config.layout != "auto":
+            return config.layout
+        blocks_apply = (
+            self._packed_state
+            and self.processor is None
+            and config.policy == "lru"
+            and isinstance(state_table, RocksDBStore)
+            and (config.cached or manager is not None or config.store == "memory")  # else no cache at all
+        )
+        return "key_group" if blocks_apply else "key"
+
+    def _settle_layout(self) -> None:
+        """``layout="auto"``: once the key-group cache has evicted a key group (the state no longer fits its
+        bounds, where blocks lose: every batch would load and write back whole key groups for a few keys
+        each), go on with per-key records and the per-key cache for the rest of the instance's life.
+
+        Costs one write-back of the dirty blocks and one pass over the state (the block records turned
+        into per-key records, recorded as changes: the next checkpoint writes those key groups again).
+        """
+        cache = self.cache
+        if self.spec.state.layout != "auto" or not isinstance(cache, KeyGroupCache) or not cache.evictions:
+            return
+        self._use_per_key_records()
+
+    def _use_per_key_records(self) -> None:
+        cache = self.cache
+        assert isinstance(cache, KeyGroupCache)
+        stats = cache.stats()
+        for name in _CACHE_COUNTERS:
+            self._retired_counters[name] = self._retired_counters.get(name, 0) + stats[name]
+        cache.release()
+        table = self.tables[STATE_TABLE]
+        assert isinstance(table, RocksDBStore)
+        split_blocks(table, self.key_groups)
+        self.cache = self._make_cache(table, cache.cache_name)
+        self.state = self.cache
+        self.layout = "key"
+        if self.windows is not None:
+            self.windows.reload()  # its index of open windows was of key groups
+
     def _make_cache(self, table: Store, name: str, layout: str = "key") -> WriteBackCache | KeyGroupCache:
         """A cache in front of ``table`` with the operator's bounds and watermarks (a manager, if any, grants
         the bytes): per key, or of key-group blocks for ``cached_state(layout="key_group")``."""
@@ -356,6 +410,18 @@ class OperatorInstance:
     def state_table(self) -> Store:
         """The table the state lives in (behind :attr:`state` when that is a cache)."""
         return self.tables[STATE_TABLE]
+
+    def cache_stats(self) -> list[dict[str, Any]]:
+        """``stats()`` of every cache in :attr:`caches`, the state's counters including those of the cache
+        a layout switch retired (so counters only grow over the instance's life)."""
+        out = [cache.stats() for cache in self.caches]
+        if self._retired_counters and self.cache is not None:
+            state = out[0]
+            for name, value in self._retired_counters.items():
+                state[name] += value
+            reads = state["hits"] + state["misses"]
+            state["hit_ratio"] = state["hits"] / reads if reads else 0.0
+        return out
 
     @property
     def caches(self) -> list[WriteBackCache | KeyGroupCache]:
@@ -471,8 +537,12 @@ class OperatorInstance:
 
     def _reload_from_tables(self) -> None:
         state = self._raw.get(STATE_TABLE)
-        if self.spec.state.layout == "key" and isinstance(state, RocksDBStore):
-            split_blocks(state, self.key_groups)  # a checkpoint written with layout="key_group"
+        if isinstance(state, RocksDBStore):
+            if self.layout == "key":
+                split_blocks(state, self.key_groups)  # a checkpoint written with layout="key_group"
+            elif self.spec.state.layout == "auto" and holds_per_key_records(state, self.key_groups):
+                # Written per key (by a state that outgrew its blocks, or by layout="key"): it stays so.
+                self._use_per_key_records()
         self.timers.reload()
         if self.windows is not None:
             self.windows.reload()
@@ -613,6 +683,7 @@ class OperatorInstance:
             self.sweep_expired(processing_time_ms)
         if self.processor is not None:
             self.metrics.expired += self.processor.sweep()
+        self._settle_layout()
         return outputs
 
     def sweep_expired(self, processing_time_ms: int) -> int:
@@ -930,7 +1001,7 @@ class OperatorInstance:
             out["late_rows"] = self.metrics.late_rows  # (row, window) pairs of closed windows, dropped
             out["closed_windows"] = self.metrics.expired
         if self.cache is not None:
-            out["cache"] = self.cache.stats()
+            out["cache"] = self.cache_stats()[0]
         if self.processor is not None:
             out["caches"] = {cache.cache_name: cache.stats() for cache in self.processor.caches}
         return out

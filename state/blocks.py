@@ -192,6 +192,17 @@ def iter_entries(records: Iterable[tuple[bytes, bytes]]) -> Iterator[tuple[bytes
     yield from (sorted(entries.items()) if has_block else entries.items())
 
 
+def holds_per_key_records(table: RocksDBStore, key_groups: range) -> bool:
+    """Whether any of ``key_groups`` holds per-key records (a table written with the per-key layout, or
+    converted to it by :func:`split_blocks`): one seek per key group (its per-key records sort before its
+    block records)."""
+    for g in key_groups:
+        prefix = g.to_bytes(KEY_GROUP_BYTES, "big")
+        if next(table.iter_raw_keys(prefix, block_key(prefix, 0)), None) is not None:
+            return True
+    return False
+
+
 def split_blocks(table: RocksDBStore, key_groups: range) -> int:
     """Turn the block records of ``key_groups`` into per-key records (the per-key layout); return how
     many key groups had blocks.
@@ -980,16 +991,34 @@ class KeyGroupCache(Store):
     def tables(self) -> list[str]:
         return self._table.tables()
 
-    def close(self) -> None:
-        """Write back, then close the table."""
+    @property
+    def evictions(self) -> int:
+        """Key groups evicted to stay within the bounds since the cache was made (none: the state fits)."""
+        return self._evictions
+
+    def release(self) -> None:
+        """Write back every dirty key group, drop the blocks and leave the manager; the table stays open.
+
+        For a caller that goes on with the table under another cache (an
+        ``aggregate()`` whose state outgrew the bounds switches to the per-key
+        layout). The cache is closed afterwards.
+        """
         if self._closed:
             return
-        self.flush(durable=True)
+        self.flush()
         self._closed = True
         if self._manager is not None:
             self._manager.unregister(self)
         self._groups.clear()
         self._held_entries = self._held_bytes = 0
+        release_free_memory()
+
+    def close(self) -> None:
+        """Write back, then close the table."""
+        if self._closed:
+            return
+        self.flush(durable=True)
+        self.release()
         self._table.close()
 
     def __repr__(self) -> str:

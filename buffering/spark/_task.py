@@ -280,7 +280,7 @@ def _counters(instance: OperatorInstance) -> tuple[dict[str, float], dict[str, f
     if "late_rows" in stats:  # a windowed aggregate's rows of closed windows
         counters["late_rows"] = float(stats["late_rows"])
     gauges = {"pending_keys": float(len(instance.buffer)), "timers": float(stats["timers"])}
-    caches = [cache.stats() for cache in instance.caches]  # the state's, or each processor variable's
+    caches = instance.cache_stats()  # the state's, or each processor variable's
     if caches:
         for name in ("hits", "misses", "evictions", "syncs", "writes"):
             counters[f"cache_{name}"] = float(sum(c[name] for c in caches))

@@ -410,21 +410,26 @@ def test_partials_of_closed_windows_given_as_columns_are_dropped_counted_and_not
     instance.close()
 
 
-def test_a_batch_that_fails_while_closing_windows_leaves_them_open_and_a_retry_emits_each_once(monkeypatch, tmp_path):
+@pytest.mark.parametrize("layout, pop", [("key", "pop_many"), ("key_group", "pop_selected")])
+def test_a_batch_that_fails_while_closing_windows_leaves_them_open_and_a_retry_emits_each_once(
+    monkeypatch, tmp_path, layout, pop
+):
+    from state.blocks import KeyGroupCache
     from state.cache.writeback import WriteBackCache
 
     frames = batches(2)
-    op = cached_state(max_entries=10_000)(aggregate(AGGS, window=Tumbling("10s")))
+    op = cached_state(max_entries=10_000, layout=layout)(aggregate(AGGS, window=Tumbling("10s")))
     runner = LocalRunner(op, key="k", event_time="ts", watermark_delay_ms=20 * SECOND, clock=Clock(),
                          checkpoint_location=str(tmp_path / "ck"))
     outputs = [runner.process(f) for f in frames[:3]]
-    pop_many = WriteBackCache.pop_many
+    cache = WriteBackCache if layout == "key" else KeyGroupCache
+    popped = getattr(cache, pop)
 
-    def pops_then_fails(self, keys, default=None):
-        pop_many(self, keys, default)  # the closed windows' state is gone when the failure comes
+    def pops_then_fails(self, *args, **kwargs):
+        popped(self, *args, **kwargs)  # the closed windows' state is gone when the failure comes
         raise OSError("disk gone while closing windows")
 
-    monkeypatch.setattr(WriteBackCache, "pop_many", pops_then_fails)
+    monkeypatch.setattr(cache, pop, pops_then_fails)
     with pytest.raises(OSError, match="closing windows"):
         runner.process(frames[3])
     monkeypatch.undo()

@@ -8,6 +8,11 @@ alternating, best of ``--repeat``, in two regimes:
 fits      ``--views`` zipf views of ``--tweets`` tweets in ``--batches`` batches,
           ``cached_state(max_entries=--fits-entries)``: the cache holds the
           state and most keys change every batch (where key-group blocks win).
+small     ``--small-views`` zipf views of ``--small-tweets`` tweets (a few keys per
+          key group) in ``--batches`` batches, ``max_entries=--fits-entries``:
+          where a block's fixed costs (a few numpy calls per key group in
+          every merge, write-back and checkpoint) outweigh its keys' work;
+          ``--small-rounds`` rounds (it takes milliseconds a batch).
 outgrows  ``--outgrow-batches`` batches of ``--outgrow-rows`` views of tweets
           uniform over ``--outgrow-tweets``, ``max_entries=--outgrow-entries``:
           the state grows to many times the bound and every batch changes a
@@ -67,7 +72,8 @@ def split(frame: pd.DataFrame, parts: int) -> list[pd.DataFrame]:
     return [frame.iloc[a:b].reset_index(drop=True) for a, b in zip(cuts[:-1], cuts[1:])]
 
 
-def regimes(args: argparse.Namespace) -> dict[str, tuple[list[pd.DataFrame], int]]:
+def regimes(args: argparse.Namespace) -> dict[str, tuple[list[pd.DataFrame], int, int]]:
+    """Per regime: its batches, its max_entries and its rounds."""
     views = generate_views(args.views, args.tweets, 50_000, seed=args.seed)
     fits = split(views, args.batches)
     rng = np.random.default_rng([args.seed, args.outgrow_tweets])
@@ -78,7 +84,12 @@ def regimes(args: argparse.Namespace) -> dict[str, tuple[list[pd.DataFrame], int
         "tweet": rng.integers(0, args.outgrow_tweets, n, dtype=np.int64),
     })
     outgrows = split(uniform, args.outgrow_batches)
-    return {"fits": (fits, args.fits_entries), "outgrows": (outgrows, args.outgrow_entries)}
+    small = split(generate_views(args.small_views, args.small_tweets, 50_000, seed=args.seed), args.batches)
+    return {
+        "fits": (fits, args.fits_entries, args.repeat),
+        "small": (small, args.fits_entries, args.small_rounds),
+        "outgrows": (outgrows, args.outgrow_entries, args.repeat),
+    }
 
 
 def parser() -> argparse.ArgumentParser:
@@ -87,6 +98,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tweets", type=int, default=100_000, help="fits: tweets (default 100,000)")
     p.add_argument("--batches", type=int, default=4, help="fits: micro-batches (default 4)")
     p.add_argument("--fits-entries", type=int, default=200_000, help="fits: max_entries (default 200,000)")
+    p.add_argument("--small-views", type=int, default=20_000, help="small: zipf views (default 20,000)")
+    p.add_argument("--small-tweets", type=int, default=1_000, help="small: tweets (default 1,000)")
+    p.add_argument("--small-rounds", type=int, default=10, help="small: rounds, best of (default 10)")
     p.add_argument("--outgrow-tweets", type=int, default=1_000_000, help="outgrows: tweets (default 1,000,000)")
     p.add_argument("--outgrow-rows", type=int, default=10_000, help="outgrows: views a batch (default 10,000)")
     p.add_argument("--outgrow-batches", type=int, default=40, help="outgrows: micro-batches (default 40)")
@@ -101,10 +115,10 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Any = None) -> dict[str, Any]:
     args = parser().parse_args(argv)
     if args.quick:
-        args.views, args.tweets, args.fits_entries, args.repeat = 200_000, 10_000, 20_000, 1
+        args.views, args.tweets, args.fits_entries, args.repeat, args.small_rounds = 200_000, 10_000, 20_000, 1, 2
         args.outgrow_tweets, args.outgrow_rows, args.outgrow_batches, args.outgrow_entries = 100_000, 2_000, 10, 2_000
     for name in ("views", "tweets", "batches", "fits_entries", "outgrow_tweets", "outgrow_rows", "outgrow_batches",
-                 "outgrow_entries", "repeat"):
+                 "outgrow_entries", "repeat", "small_views", "small_tweets", "small_rounds"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     started = time.perf_counter()
@@ -112,11 +126,11 @@ def main(argv: Any = None) -> dict[str, Any]:
     rows = []
     root = tempfile.mkdtemp(prefix="opbuffer-layouts-")
     try:
-        for regime, (batches, max_entries) in regimes(args).items():
+        for regime, (batches, max_entries, rounds) in regimes(args).items():
             best: dict[str, float] = {}
             switched: dict[str, list[str]] = {}
             outputs: dict[str, pd.DataFrame] = {}
-            for round_ in range(args.repeat):
+            for round_ in range(rounds):
                 for layout in LAYOUTS if round_ % 2 == 0 else LAYOUTS[::-1]:
                     seconds, frame, layouts = run(layout, batches, max_entries, root)
                     log(f"{regime} round {round_ + 1} {layout}: {seconds:.2f} s (load {os.getloadavg()[0]:.1f})")
@@ -136,6 +150,7 @@ def main(argv: Any = None) -> dict[str, Any]:
                 "rows": int(sum(len(b) for b in batches)),
                 "batches": len(batches),
                 "max_entries": max_entries,
+                "rounds": rounds,
                 "outputs_equal": equal,
             }
             rows.append([
@@ -146,7 +161,7 @@ def main(argv: Any = None) -> dict[str, Any]:
             ])
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    print(f"{NAME}: best of {args.repeat}, load {os.getloadavg()[0]:.2f}; outputs of the three layouts equal")
+    print(f"{NAME}: best of {args.repeat} (small: {args.small_rounds}), load {os.getloadavg()[0]:.2f}; outputs of the three layouts equal")
     print_table(
         ["regime", "batches x rows", "max_entries", "key s", "key_group s", "auto s", "key_group / key",
          "auto / faster", "auto per key"],

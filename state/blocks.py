@@ -31,7 +31,9 @@ with per-key records.
 Cost: a write-back rewrites the whole block of every key group it touches, so
 the layout pays off when most of a key group changes between write-backs and
 the cache holds the state; when a few keys of a large state change it writes
-more than per-key records.
+more than per-key records. An aggregate's default, ``cached_state(layout="auto")``,
+keeps blocks only until its cache first evicts a key group, then converts them
+with :func:`split_blocks` and goes on per key.
 """
 
 from __future__ import annotations

@@ -102,3 +102,20 @@ def with_batch(outputs: list[pd.DataFrame]) -> pd.DataFrame:
     out = pd.concat(tagged, ignore_index=True)
     sort_by = ["batch"] + [c for c in out.columns if c != "batch"]
     return out.sort_values(sort_by, kind="stable").reset_index(drop=True)
+
+
+def split_blocks_failing_once(monkeypatch: Any) -> None:
+    """Make the operator's next conversion of block records into per-key records fail with "disk full"
+    (the ones after it succeed)."""
+    import buffering.operator as operator_module
+
+    split = operator_module.split_blocks
+    calls = []
+
+    def fails_once(table: Any, key_groups: range) -> int:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError("disk full")
+        return split(table, key_groups)
+
+    monkeypatch.setattr(operator_module, "split_blocks", fails_once)

@@ -16,7 +16,7 @@ from buffering.windows import Session, Tumbling
 from state.blocks import KeyGroupCache, is_block_key
 from state.cache import WriteBackCache
 
-from .helpers import checkpoint_table, with_batch
+from .helpers import checkpoint_table, split_blocks_failing_once, with_batch
 from .test_key_group_layout import batches, operator, run, runner_of
 
 
@@ -83,8 +83,6 @@ def test_a_restart_from_key_group_blocks_keeps_blocks(tmp_path):
 
 
 def test_a_batch_that_fails_in_the_switch_is_retried_counting_each_row_once(tmp_path, monkeypatch):
-    import buffering.operator as operator_module
-
     frames = batches(7)
     expected = run("key", tmp_path / "key", frames, max_entries=5)
     runner = runner_of(operator("auto", max_entries=1_000), tmp_path / "ck")
@@ -92,16 +90,7 @@ def test_a_batch_that_fails_in_the_switch_is_retried_counting_each_row_once(tmp_
     for instance in runner.instances:  # the state outgrows the cache from the next batch on
         assert isinstance(instance.cache, KeyGroupCache)
         instance.cache.resize(max_entries=5)
-    split = operator_module.split_blocks
-    calls = []
-
-    def fails_once(table, key_groups):
-        calls.append(1)
-        if len(calls) == 1:
-            raise OSError("disk full")
-        return split(table, key_groups)
-
-    monkeypatch.setattr(operator_module, "split_blocks", fails_once)
+    split_blocks_failing_once(monkeypatch)
     with pytest.raises(OSError, match="disk full"):
         runner.process(frames[2])
     outputs += [runner.process(f) for f in frames[2:]]  # rebuilt from the checkpoint: blocks with room again

@@ -17,7 +17,7 @@ from buffering.operator import OperatorInstance
 from buffering.windows import Hopping, Session, Tumbling
 from state.blocks import KeyGroupCache, is_block_key
 
-from .helpers import Clock, checkpoint_table, with_batch
+from .helpers import Clock, checkpoint_table, split_blocks_failing_once, with_batch
 
 AGGS = {"n": Count(), "s": Sum("v"), "lo": Min("v"), "hi": Max("v"), "avg": Mean("v"), "users": ApproxDistinct("u")}
 
@@ -418,22 +418,11 @@ def test_behind_a_mini_batch_trigger_the_layout_gives_the_same_outputs(tmp_path)
 
 def test_a_failed_conversion_at_a_restart_fails_it_and_the_next_start_converts(tmp_path, monkeypatch):
     """Restoring a key_group checkpoint with the per-key layout splits its blocks: a step of the restore."""
-    import buffering.operator as operator_module
-
     frames = batches(11)
     expected = run("key", tmp_path / "key", frames)
     location = tmp_path / "switched"
     outputs = run("key_group", location, frames[:4], (2,))
-    split = operator_module.split_blocks
-    calls = []
-
-    def fails_once(table, key_groups):
-        calls.append(1)
-        if len(calls) == 1:
-            raise OSError("disk full")
-        return split(table, key_groups)
-
-    monkeypatch.setattr(operator_module, "split_blocks", fails_once)
+    split_blocks_failing_once(monkeypatch)
     with pytest.raises(OSError, match="disk full"):  # the restore runs as the runner starts
         LocalRunner(operator("key"), key="k", parallelism=3, clock=Clock(), checkpoint_location=location)
     outputs += run("key", location, frames[4:], (3,))

@@ -117,8 +117,8 @@ class RunnerSettings(Protocol):
     def state_schema(self) -> Optional[StateSchema]: ...
 
 
-#: Counters of a cache's stats() (the rest are gauges).
-_CACHE_COUNTERS = ("hits", "misses", "evictions", "syncs", "writes")
+#: The counters among a cache's stats() (they only grow; the rest are gauges).
+CACHE_COUNTERS = ("hits", "misses", "evictions", "syncs", "writes")
 
 
 def _late_rows(watermark_ms: int, late_watermark_ms: Optional[int]) -> int:
@@ -297,14 +297,17 @@ class OperatorInstance:
             )
         #: How the state is kept now: "key" or "key_group" (layout="auto" starts with blocks where they
         #: apply and switches to per-key records when the state outgrows the cache: see _settle_layout).
-        self.layout = self._initial_layout(state_table, manager)
+        # A cache in front of the state (else state goes straight to the table): asked for with bounds or a
+        # manager, or "memory" over a RocksDB working store. A processor's variables have their own caches.
+        cached = self.processor is None and (
+            config.cached or manager is not None or (config.store == "memory" and isinstance(state_table, RocksDBStore))
+        )
+        self.layout = self._initial_layout(state_table, cached)
         # Counters of the caches a layout switch retired, so that the instance's cache counters only grow.
         self._retired_counters: dict[str, int] = {}
         if self.layout == "key_group":
             self.cache = self._make_cache(state_table, f"state[{index}/{parallelism}]", layout="key_group")
-        elif self.processor is None and (
-            config.cached or manager is not None or (config.store == "memory" and isinstance(state_table, RocksDBStore))
-        ):
+        elif cached:
             self.cache = self._make_cache(state_table, f"state[{index}/{parallelism}]")
         self.state: Store = self.cache if self.cache is not None else state_table
         self.timers = TimerService(self.tables[TIMERS_TABLE])
@@ -340,19 +343,15 @@ class OperatorInstance:
         self._pending_keys: set[NormalizedKey] = set()
         self.suspended = False
 
-    def _initial_layout(self, state_table: Store, manager: Optional[CacheManager]) -> str:
+    def _initial_layout(self, state_table: Store, cached: bool) -> str:
         """The layout an instance starts with: the configured one, or for ``layout="auto"`` key-group
-        blocks where they apply (an aggregate whose accumulators are columns, its state cached in front
-        of a RocksDB working store, evicted least recently used), else per key."""
+        blocks where they apply (an aggregate whose accumulators are columns, its state ``cached`` in
+        front of a RocksDB working store, evicted least recently used), else per key."""
         config = self.spec.state
         if config.layout != "auto":
             return config.layout
         blocks_apply = (
-            self._packed_state
-            and self.processor is None
-            and config.policy == "lru"
-            and isinstance(state_table, RocksDBStore)
-            and (config.cached or manager is not None or config.store == "memory")  # else no cache at all
+            self._packed_state and cached and config.policy == "lru" and isinstance(state_table, RocksDBStore)
         )
         return "key_group" if blocks_apply else "key"
 
@@ -373,7 +372,7 @@ class OperatorInstance:
         cache = self.cache
         assert isinstance(cache, KeyGroupCache)
         stats = cache.stats()
-        for name in _CACHE_COUNTERS:
+        for name in CACHE_COUNTERS:
             self._retired_counters[name] = self._retired_counters.get(name, 0) + stats[name]
         cache.release()
         table = self.tables[STATE_TABLE]

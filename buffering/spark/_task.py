@@ -34,7 +34,7 @@ from ..buffer import KeyedBlock, factorize_keys
 from ..decorators import OperatorSpec
 from ..frames import concat_frames
 from ..local import key_groups_of
-from ..operator import OperatorInstance
+from ..operator import CACHE_COUNTERS, OperatorInstance
 from .. import protocol
 from ..protocol import event_time_ms
 from ..windows import WINDOW_START
@@ -282,7 +282,7 @@ def _counters(instance: OperatorInstance) -> tuple[dict[str, float], dict[str, f
     gauges = {"pending_keys": float(len(instance.buffer)), "timers": float(stats["timers"])}
     caches = instance.cache_stats()  # the state's, or each processor variable's
     if caches:
-        for name in ("hits", "misses", "evictions", "syncs", "writes"):
+        for name in CACHE_COUNTERS:
             counters[f"cache_{name}"] = float(sum(c[name] for c in caches))
         gauges.update(
             cache_entries=float(sum(c["entries"] for c in caches)),

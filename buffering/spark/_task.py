@@ -38,7 +38,7 @@ from ..operator import CACHE_COUNTERS, OperatorInstance
 from .. import protocol
 from ..protocol import event_time_ms
 from ..windows import WINDOW_START
-from . import _gc, _workers
+from . import _gc, _instants, _workers
 from ._sql_combine import SqlPartial
 from ._sql_combine import accumulators as sql_accumulators
 from ._sql_combine import columns as sql_columns
@@ -101,6 +101,11 @@ class TaskPlan:
     batch_offset: int = 0
     #: A processor's initial state (pandas), applied to each instance before the first version.
     initial_state: Any = field(default=None, repr=False)
+    #: The input's TIMESTAMP columns: they reach the tasks as epoch microseconds and are turned back
+    #: into naive UTC timestamps before anything reads them (see _instants).
+    instant_columns: tuple[str, ...] = ()
+    #: The output's TIMESTAMP columns: naive times in them are UTC (see _instants).
+    instant_outputs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -205,6 +210,7 @@ def combine_partition(plan: TaskPlan, context: BatchContext, batches: Iterator[p
     assert aggs is not None
     frames = []
     for frame in batches:
+        frame = _instants.restore(frame, plan.instant_columns)
         frame, _, _ = drop_late_rows(plan, frame, context.late_rows_watermark_ms)
         if len(frame):
             frames.append(frame)
@@ -221,6 +227,9 @@ def combine_partition(plan: TaskPlan, context: BatchContext, batches: Iterator[p
         event = np.full(n_keys, NO_TIMESTAMP, dtype=np.int64)
     _, first_rows = np.unique(codes, return_index=True)
     data: dict[str, Any] = {name: frame[name].take(first_rows).reset_index(drop=True) for name in plan.key_columns}
+    for name in plan.key_columns:
+        if name in plan.instant_columns:  # the combined schema carries them as epoch microseconds
+            data[name] = _instants.micros(data[name])
     layout = ColumnarLayout.of(aggs)
     if layout is not None:
         # Numpy partials (no sketch object per key) encoded as packed accumulators: each value is the pickle
@@ -304,7 +313,7 @@ def _frame(plan: TaskPlan, frames: list[pd.DataFrame]) -> Optional[pd.DataFrame]
         raise ValueError(
             f"the operator returned columns {list(out.columns)}, which lack {missing} of output_schema {plan.output_columns}"
         )
-    out = out[plan.output_columns].reset_index(drop=True)
+    out = _instants.mark_utc(out[plan.output_columns].reset_index(drop=True), plan.instant_outputs)
     out[REPORT_COLUMN] = None
     return out
 
@@ -389,6 +398,7 @@ def _run_task(
     for frame in batches:
         if not len(frame):
             continue
+        frame = _instants.restore(frame, plan.instant_columns)
         ops = frame[OPERATOR_COLUMN].to_numpy()
         for index in np.unique(ops).tolist():
             part = frame if ops[0] == ops[-1] == index and (ops == index).all() else frame.loc[ops == index]

@@ -61,7 +61,9 @@ from ..protocol import call_function
 from ..processor import processor_timeout
 from state import RocksDBStore, WriteBackCache
 from ..buffer import _object_column
+from . import _instants
 from ._gc import freeze_in_task
+from ._instants import as_micros, instant_columns
 from ._plan import is_connect, key_list, key_types_of, operator_index_sql, output_schema_for, quoted
 from ._sql_combine import SqlPartial, sql_exprs, sql_partials
 from ._sql_combine import accumulators as sql_accumulators
@@ -92,6 +94,10 @@ class BoundedPlan:
     key_types: Optional[tuple[str, ...]] = None
     #: Set when Spark SQL combined the input already (one row of SQL partial columns per key).
     sql_partials: tuple[SqlPartial, ...] = ()
+    #: The input's TIMESTAMP columns, shipped as epoch microseconds (see _instants).
+    instant_columns: tuple[str, ...] = ()
+    #: The output's TIMESTAMP columns: naive times in them are UTC.
+    instant_outputs: tuple[str, ...] = ()
 
 
 # ------------------------------------------------------------------ the worker side
@@ -107,6 +113,7 @@ def process_partition(plan: BoundedPlan, batches: Iterable[pd.DataFrame]) -> Ite
     function's output lacks an output column.
     """
     freeze_in_task()
+    batches = (_instants.restore(frame, plan.instant_columns) for frame in batches)
     spec = plan.spec
     if spec.aggregations is not None:
         yield from _aggregate_partition(plan, spec.aggregations, batches)
@@ -327,7 +334,7 @@ def _output(plan: BoundedPlan, frames: list[pd.DataFrame]) -> pd.DataFrame:
                 f"{list(frame.columns)}, output_schema has {columns}"
             )
     out = frames[0] if len(frames) == 1 else concat_frames(frames)
-    return out[columns]
+    return _instants.mark_utc(out[columns], plan.instant_outputs)
 
 
 # ------------------------------------------------------------------ the driver side
@@ -483,12 +490,15 @@ def run_batch(
         timeout_conf=conf,
         sql_partials=tuple(parts or ()),
         key_types=tuple(key_types_of(df.schema, key_columns)),
+        instant_columns=instant_columns(df.schema),
+        instant_outputs=instant_columns(schema),
     )
     if parts is not None:
         # Spark SQL combines each key's rows (partial aggregation before its shuffle, final
         # after): one row per key, and no input row crosses into Python.
         assert combiner is not None
         df = df.groupBy(*[F.col(quoted(c)) for c in key_columns]).agg(*sql_exprs(combiner, parts))
+    df = as_micros(df, [c for c in df.columns if c in plan.instant_columns])
     ordered = parts is None and _needs_input_order(spec)
     staged = df.withColumn(OPERATOR_COLUMN, F.expr(operator_index))
     if ordered:

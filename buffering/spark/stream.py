@@ -52,6 +52,7 @@ from ..protocol import (
 from ..windows import WINDOW_START, check_runner_settings
 from . import _task
 from ._sql_combine import sql_exprs, sql_partials
+from ._instants import as_micros, instant_columns, restore
 from ._plan import is_connect, key_list, key_types_of, nullable, operator_index_sql, output_schema_for, quoted
 from ._task import (
     ACCUMULATOR_COLUMN,
@@ -311,6 +312,8 @@ class StreamRunner:
             checkpoint_key=self.storage.checkpoint_key,
             batch_offset=self.batch_offset,
             initial_state=initial_frame,
+            instant_columns=instant_columns(input_schema),
+            instant_outputs=instant_columns(self.output_schema),
         )
         self._internal_schema = self._with_report(nullable(self.output_schema))
         # A ParquetSink on a local path is written by the tasks themselves: one Spark job per batch.
@@ -352,9 +355,10 @@ class StreamRunner:
         from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
         fields = {f.name: f for f in input_schema.fields}
+        instants = instant_columns(input_schema)  # travel as epoch microseconds (see _instants)
         return StructType(
             [
-                *(StructField(c, fields[c].dataType, True) for c in self.key_columns),
+                *(StructField(c, LongType() if c in instants else fields[c].dataType, True) for c in self.key_columns),
                 StructField(ACCUMULATOR_COLUMN, BinaryType(), False),
                 StructField(ROWS_COLUMN, LongType(), False),
                 StructField(EVENT_TIME_COLUMN, LongType(), False),
@@ -408,7 +412,7 @@ class StreamRunner:
         if len(host_keys) != self.parallelism:
             raise ValueError(f"need one host key per instance ({self.parallelism}), got {len(host_keys)}")
         keys = tuple(int(k) for k in host_keys)
-        df = self._read_only_needed(df)
+        df = as_micros(self._read_only_needed(df), self._instants_of(self._read_columns))
         if self.combine == "python":
             assert self._combined_schema is not None
             tagged = self._tagged(self._combined_schema)
@@ -468,8 +472,10 @@ class StreamRunner:
                 *sql_exprs(self.spec.mini_batch.aggregations, self.sql_partials or []),
                 event.alias(EVENT_TIME_COLUMN),
             )
+            frame = as_micros(frame, self._instants_of(self.key_columns))
         else:
             frame = self._read_only_needed(frame)
+            frame = as_micros(frame, self._instants_of(self._read_columns))
             if combine == "python":
                 frame = frame.mapInPandas(functools.partial(_task.combine_partition, plan, context), self._combined_schema)
         frame = frame.withColumn(
@@ -494,6 +500,11 @@ class StreamRunner:
         wanted = {*self.key_columns, *aggs.input_columns, *([self.event_time] if self.event_time is not None else [])}
         read = [name for name in fields if name in wanted]
         return None if len(read) == len(fields) else read
+
+    def _instants_of(self, columns: Optional[Sequence[str]]) -> list[str]:
+        """Which of ``columns`` (None: every input column) are TIMESTAMPs, shipped as epoch microseconds."""
+        instants = self.plan.instant_columns
+        return list(instants) if columns is None else [c for c in columns if c in instants]
 
     def _read_only_needed(self, frame: Any) -> Any:
         """``frame`` with only the columns the Python side reads (:meth:`_columns_read`)."""
@@ -1010,6 +1021,10 @@ def _initial_state_frame(initial_state: Any, key_columns: list[str]) -> Any:
         return None
     if getattr(initial_state, "isStreaming", False):
         raise ValueError("initial_state must be a static DataFrame, not a streaming one")
-    frame = initial_state if isinstance(initial_state, pd.DataFrame) else initial_state.toPandas()
+    if isinstance(initial_state, pd.DataFrame):
+        frame = initial_state
+    else:  # timestamps as naive UTC, as the tasks see them (see _instants)
+        instants = instant_columns(initial_state.schema)
+        frame = restore(as_micros(initial_state, instants).toPandas(), instants)
     check_initial_state(frame, key_columns)
     return frame

@@ -1,0 +1,135 @@
+"""run_stream in a Spark session whose time zone is not UTC.
+
+Spark gives pandas ``TIMESTAMP`` values as naive wall-clock times of the session
+time zone; opbuffer reads naive times as UTC. These tests run with
+``spark.sql.session.timeZone`` = America/Los_Angeles (UTC-8, with daylight
+saving) and check that timestamp keys, event times and windows are the instants
+Spark means (before buffering/spark/_instants.py, a timestamp key failed every
+batch and a windowed aggregate of raw rows emitted nothing).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import buffering
+from buffering import Count, Sum
+from buffering.windows import Tumbling
+
+from .helpers import collect_sink, stream_of, write_batches
+from .test_windows_parity import SCHEMA, SECOND, inputs, spark_rows
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+ZONE = "America/Los_Angeles"
+
+
+@pytest.fixture
+def los_angeles(spark):
+    """The shared session with its time zone set to ZONE for one test (streaming queries take it at start)."""
+    previous = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", ZONE)
+    try:
+        yield spark
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", previous)
+
+
+def _windows(out: list) -> pd.DataFrame:
+    df = pd.concat([pdf for _, pdf in out if len(pdf)], ignore_index=True)[["k", "window_start", "window_end", "n", "s"]]
+    df = df[df["k"] != -1].astype({"n": "int64", "s": "int64"})
+    return df.sort_values(["k", "window_start"]).reset_index(drop=True)
+
+
+@pytest.mark.parametrize("combine", [False, None], ids=["raw-rows", "default"])
+def test_windows_equal_sparks_own_in_a_session_time_zone_other_than_utc(los_angeles, tmp_path, combine):
+    frames, _ = inputs(21, 10 * SECOND)
+    source = write_batches(str(tmp_path / "in"), frames)
+    from pyspark.sql import functions as F
+
+    expected = spark_rows(los_angeles, source, str(tmp_path / "spark-ck"), F.window("ts", "10 seconds"))
+    out: list = []
+    query = buffering.spark.run_stream(
+        stream_of(los_angeles, source, SCHEMA),
+        buffering.aggregate({"n": Count(), "s": Sum("v")}, window=Tumbling("10 seconds")),
+        key="k", event_time="ts", watermark_delay_ms=20 * SECOND, checkpoint_location=str(tmp_path / "ck"),
+        sink=collect_sink(out), trigger={"availableNow": True}, parallelism=2, combine_before_shuffle=combine,
+    )
+    query.awaitTermination()
+    assert query.runner.combine == ("none" if combine is False else "sql")
+    assert len(expected) > 10
+    pd.testing.assert_frame_equal(_windows(out), expected)
+
+
+@pytest.mark.parametrize("placement", ["batch", "executor"])
+def test_a_timestamp_key_counts_each_instant_in_a_session_time_zone_other_than_utc(los_angeles, tmp_path, placement):
+    frames, _ = inputs(22, 10 * SECOND)
+    frames = [f.assign(ts=f["ts"].dt.floor("5s")) for f in frames]  # several rows per instant
+    source = write_batches(str(tmp_path / "in"), frames)
+    out: list = []
+    query = buffering.spark.run_stream(
+        stream_of(los_angeles, source, SCHEMA), buffering.aggregate({"n": Count(), "s": Sum("v")}), key="ts",
+        checkpoint_location=str(tmp_path / "ck"), sink=collect_sink(out), trigger={"availableNow": True},
+        parallelism=3, placement=placement,
+    )
+    query.awaitTermination()
+    # Spark's own count per instant, read back through the same session (naive wall-clock times of ZONE).
+    expected = (
+        los_angeles.read.schema(SCHEMA).parquet(source).groupBy("ts").agg({"*": "count", "v": "sum"}).toPandas()
+        .rename(columns={"count(1)": "n", "sum(v)": "s"}).sort_values("ts").reset_index(drop=True)
+    )
+    rows = pd.concat([pdf for _, pdf in out if len(pdf)], ignore_index=True)
+    got = rows.groupby("ts", as_index=False).last()[["ts", "n", "s"]]  # a key's last row holds its totals
+    pd.testing.assert_frame_equal(
+        got.astype({"n": "int64", "s": "int64"}), expected[["ts", "n", "s"]].astype({"n": "int64", "s": "int64"})
+    )
+
+
+def _epoch_micros_seen(key, rows, state):
+    """The smallest event time of each key as the function sees it, a naive time read as UTC, in epoch microseconds."""
+    seen = min(pd.Timestamp(t).value // 1000 for pdf in rows for t in pdf["ts"])
+    yield pd.DataFrame({"k": [key[0]], "seen": [seen]})
+
+
+def test_a_function_sees_timestamps_as_naive_utc_as_under_local_runner(los_angeles, tmp_path):
+    base = dt.datetime(2026, 3, 8, 9, 30, tzinfo=dt.timezone.utc)  # 01:30 in ZONE, before the spring-forward gap
+    ts = pd.to_datetime([base + dt.timedelta(minutes=m) for m in (0, 45, 90, 135)]).astype("datetime64[us, UTC]")
+    frame = pd.DataFrame({"k": np.arange(4, dtype=np.int64), "ts": ts, "v": np.zeros(4, dtype=np.int64)})
+    source = write_batches(str(tmp_path / "in"), [frame])
+    out: list = []
+    query = buffering.spark.run_stream(
+        stream_of(los_angeles, source, SCHEMA), buffering.cached_state()(_epoch_micros_seen), key="k",
+        output_schema="k long, seen long", checkpoint_location=str(tmp_path / "ck"), sink=collect_sink(out),
+        trigger={"availableNow": True}, parallelism=2,
+    )
+    query.awaitTermination()
+    got = pd.concat([pdf for _, pdf in out], ignore_index=True).sort_values("k")["seen"].tolist()
+    local = buffering.LocalRunner(buffering.cached_state()(_epoch_micros_seen), key="k").process(frame)
+    assert got == local.sort_values("k")["seen"].tolist() == ts.as_unit("us").astype("int64").tolist()
+
+
+def _first_seen(key, rows, state):
+    """The key (a timestamp) as the function sees it, read as UTC, in epoch microseconds; and its rows."""
+    yield pd.DataFrame({"ts": [key[0]], "seen": [pd.Timestamp(key[0]).value // 1000], "n": [sum(len(p) for p in rows)]})
+
+
+def test_run_batch_gives_timestamps_as_naive_utc_and_writes_them_back_as_the_same_instants(los_angeles, tmp_path):
+    ts = pd.to_datetime(["2026-11-01 08:30", "2026-11-01 09:30", "2026-11-01 09:30"], utc=True).astype("datetime64[us, UTC]")
+    frame = pd.DataFrame({"k": [1, 2, 3], "ts": ts, "v": [0, 0, 0]})  # 01:30 in ZONE twice: the repeated hour
+    source = write_batches(str(tmp_path / "in"), [frame])
+    df = los_angeles.read.schema(SCHEMA).parquet(source)
+    out = buffering.spark.run_batch(df, _first_seen, key="ts", output_schema="ts timestamp, seen long, n long")
+    got = out.select(F_unix_micros("ts").alias("instant"), "seen", "n").toPandas().sort_values("seen")
+    expected = ts.unique().as_unit("us").astype("int64").tolist()
+    assert got["instant"].tolist() == got["seen"].tolist() == expected
+    assert got["n"].tolist() == [1, 2]
+
+
+def F_unix_micros(name):
+    from pyspark.sql import functions as F
+
+    return F.unix_micros(F.col(name))

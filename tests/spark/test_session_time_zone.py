@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 import buffering
-from buffering import Count, Sum
+from buffering import Count, First, Sum
 from buffering.windows import Tumbling
 
 from .helpers import collect_sink, stream_of, write_batches
@@ -65,18 +65,23 @@ def test_windows_equal_sparks_own_in_a_session_time_zone_other_than_utc(los_ange
     pd.testing.assert_frame_equal(_windows(out), expected)
 
 
-@pytest.mark.parametrize("placement", ["batch", "executor"])
-def test_a_timestamp_key_counts_each_instant_in_a_session_time_zone_other_than_utc(los_angeles, tmp_path, placement):
+@pytest.mark.parametrize(
+    "placement, extra",
+    [("batch", {}), ("executor", {}), ("batch", {"first": First("v")})],
+    ids=["sql-combine", "executor", "python-combine"],  # First() has no SQL twin: the Python combine
+)
+def test_a_timestamp_key_counts_each_instant_in_a_session_time_zone_other_than_utc(los_angeles, tmp_path, placement, extra):
     frames, _ = inputs(22, 10 * SECOND)
     frames = [f.assign(ts=f["ts"].dt.floor("5s")) for f in frames]  # several rows per instant
     source = write_batches(str(tmp_path / "in"), frames)
     out: list = []
     query = buffering.spark.run_stream(
-        stream_of(los_angeles, source, SCHEMA), buffering.aggregate({"n": Count(), "s": Sum("v")}), key="ts",
+        stream_of(los_angeles, source, SCHEMA), buffering.aggregate({"n": Count(), "s": Sum("v"), **extra}), key="ts",
         checkpoint_location=str(tmp_path / "ck"), sink=collect_sink(out), trigger={"availableNow": True},
         parallelism=3, placement=placement,
     )
     query.awaitTermination()
+    assert query.runner.combine == ("python" if extra or placement == "executor" else "sql")
     # Spark's own count per instant, read back through the same session (naive wall-clock times of ZONE).
     expected = (
         los_angeles.read.schema(SCHEMA).parquet(source).groupBy("ts").agg({"*": "count", "v": "sum"}).toPandas()

@@ -61,9 +61,8 @@ from ..protocol import call_function
 from ..processor import processor_timeout
 from state import RocksDBStore, WriteBackCache
 from ..buffer import _object_column
-from . import _instants
 from ._gc import freeze_in_task
-from ._instants import as_micros, instant_columns
+from ._instants import as_micros, instant_columns, mark_utc, restore
 from ._plan import is_connect, key_list, key_types_of, operator_index_sql, output_schema_for, quoted
 from ._sql_combine import SqlPartial, sql_exprs, sql_partials
 from ._sql_combine import accumulators as sql_accumulators
@@ -113,7 +112,7 @@ def process_partition(plan: BoundedPlan, batches: Iterable[pd.DataFrame]) -> Ite
     function's output lacks an output column.
     """
     freeze_in_task()
-    batches = (_instants.restore(frame, plan.instant_columns) for frame in batches)
+    batches = (restore(frame, plan.instant_columns) for frame in batches)
     spec = plan.spec
     if spec.aggregations is not None:
         yield from _aggregate_partition(plan, spec.aggregations, batches)
@@ -334,7 +333,7 @@ def _output(plan: BoundedPlan, frames: list[pd.DataFrame]) -> pd.DataFrame:
                 f"{list(frame.columns)}, output_schema has {columns}"
             )
     out = frames[0] if len(frames) == 1 else concat_frames(frames)
-    return _instants.mark_utc(out[columns], plan.instant_outputs)
+    return mark_utc(out[columns], plan.instant_outputs)
 
 
 # ------------------------------------------------------------------ the driver side

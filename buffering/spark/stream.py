@@ -280,6 +280,12 @@ class StreamRunner:
         self._event_time_type = (
             next(f.dataType.typeName() for f in input_schema.fields if f.name == event_time) if event_time else None
         )
+        if self._event_time_type == "timestamp_ntz":
+            raise ValueError(
+                f"event_time column {event_time!r} is a TIMESTAMP_NTZ (a wall-clock time of no time zone): an event "
+                "time must be an instant, a TIMESTAMP or epoch milliseconds as a number, as Spark's withWatermark "
+                "requires; cast it to timestamp first (its wall-clock times are then read in the session time zone)"
+            )
         self._read_columns = self._columns_read(fields)
         self.output_schema = output_schema_for(self.spec, output_schema, input_schema, self.key_columns)
         self.sink: Sink = sink_of(sink)

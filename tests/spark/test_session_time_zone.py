@@ -138,3 +138,14 @@ def F_unix_micros(name):
     from pyspark.sql import functions as F
 
     return F.unix_micros(F.col(name))
+
+
+def test_an_event_time_of_wall_clock_times_is_refused_naming_it(spark, tmp_path):
+    frames, _ = inputs(23, 10 * SECOND)
+    source = write_batches(str(tmp_path / "in"), [f.assign(ts=f["ts"].dt.tz_localize(None)) for f in frames[:1]])
+    with pytest.raises(ValueError, match="event_time column 'ts' is a TIMESTAMP_NTZ"):
+        buffering.spark.run_stream(
+            stream_of(spark, source, "k long, ts timestamp_ntz, v long"),
+            buffering.aggregate({"n": Count()}, window=Tumbling("10 seconds")), key="k", event_time="ts",
+            checkpoint_location=str(tmp_path / "ck"), sink=collect_sink([]), trigger={"availableNow": True},
+        )

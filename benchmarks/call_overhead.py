@@ -21,6 +21,10 @@ Measured in the same process, alternating, best of ``--repeat``:
   (the key's frame, the state read and write-back through the cache, the
   GroupState, the output checks and joining, the checkpoint): the ceiling
   of the target, measured in the same run.
+* ``slices``: each key's rows cut out of its batch with ``DataFrame.iloc``
+  (the batch sorted by key beforehand, untimed), nothing else: what handing a
+  function one pandas frame per key costs at the least, in any runner. A
+  target below it cannot be met by a decorated function's runner.
 * ``harness``: what a user writes by hand instead, with public pandas only: each
   batch's ``groupby("tweet", sort=False)`` iterated, the function called per
   key with the dict state, its output frames joined with ``pd.concat`` at the
@@ -164,6 +168,31 @@ def run_loop(groups: list[list[tuple[tuple, pd.DataFrame]]]) -> tuple[float, flo
     return seconds, fn.seconds, calls
 
 
+def run_slices(batches: list[pd.DataFrame]) -> tuple[float, int]:
+    """Seconds and calls of cutting each key's frame out of its batch with ``iloc`` (the batch sorted by key
+    beforehand, untimed): the least any runner that hands a function one pandas frame per key pays per call."""
+    import numpy as np
+
+    cuts = []
+    for frame in batches:
+        ordered = frame.sort_values("tweet", kind="stable").reset_index(drop=True)
+        starts = np.flatnonzero(np.diff(ordered["tweet"].to_numpy())) + 1
+        cuts.append((ordered, [0, *starts.tolist()], [*starts.tolist(), len(ordered)]))
+    calls = 0
+    _frozen()
+    try:
+        start = now()
+        for ordered, firsts, ends in cuts:
+            iloc = ordered.iloc
+            for a, b in zip(firsts, ends):
+                iloc[a:b]
+            calls += len(firsts)
+        seconds = now() - start
+    finally:
+        gc.unfreeze()
+    return seconds, calls
+
+
 def run_runner(batches: list[pd.DataFrame], max_entries: int, root: str, fn: Inside) -> tuple[float, float, int, int]:
     """Seconds, seconds inside the function, output rows, calls."""
     location = tempfile.mkdtemp(dir=root)
@@ -229,10 +258,11 @@ def main(argv: Any = None) -> dict[str, Any]:
     batches = [views.iloc[i : i + size].reset_index(drop=True) for i in range(0, len(views), size)]
     groups = grouped(batches)
     root = tempfile.mkdtemp(prefix="opbuffer-call-overhead-")
-    loops, runs, floors, harnesses = [], [], [], []
+    loops, runs, floors, harnesses, slices = [], [], [], [], []
     try:
         for _ in range(args.repeat):
             loops.append(run_loop(groups))
+            slices.append(run_slices(batches))
             runs.append(run_runner(batches, args.max_entries, root, Inside()))
             floors.append(run_runner(batches, args.max_entries, root, NearEmpty()))
             harnesses.append(run_harness(batches))
@@ -242,7 +272,8 @@ def main(argv: Any = None) -> dict[str, Any]:
     run_s, run_inside, rows_out, run_calls = min(runs)
     floor_s, floor_inside, floor_rows, floor_calls = min(floors)
     harness_s, harness_inside, harness_rows, harness_calls, harness_join = min(harnesses)
-    if len({loop_calls, run_calls, rows_out, floor_calls, floor_rows, harness_calls, harness_rows}) != 1:
+    slice_s, slice_calls = min(slices)
+    if len({loop_calls, run_calls, rows_out, floor_calls, floor_rows, harness_calls, harness_rows, slice_calls}) != 1:
         raise SystemExit(
             f"call counts differ: loop {loop_calls}, runner {run_calls} calls and {rows_out} rows, "
             f"floor {floor_calls} calls and {floor_rows} rows, harness {harness_calls} calls and {harness_rows} rows"
@@ -272,6 +303,10 @@ def main(argv: Any = None) -> dict[str, Any]:
           + ", ".join(f"{v:.1f}" for v in floor_outside) + ")")
     print(f"ceiling: opbuffer's own time per call with a near-empty function = {min(floor_outside):.1f} us "
           f"(no decorated function through this design costs less per call; target {TARGET_US_PER_CALL:g} us)")
+    slice_us = slice_s / slice_calls * 1e6
+    print(f"ceiling: cutting one pandas frame per key out of the key-sorted batch (iloc, the sort not counted) = "
+          f"{slice_us:.1f} us per call (no runner that hands each key a pandas frame costs less; target "
+          f"{TARGET_US_PER_CALL:g} us)")
     target = check_target(f"overhead per call at {args.tweets:,} tweets", overhead_us, TARGET_US_PER_CALL, at_most=True, unit=" us")
     results = {
         "loop_seconds": [l[0] for l in loops],
@@ -288,6 +323,8 @@ def main(argv: Any = None) -> dict[str, Any]:
         "harness_inside_seconds": [h[1] for h in harnesses],
         "harness_concat_seconds": [h[4] for h in harnesses],
         "harness_overhead_us_per_call": harness_us,
+        "slice_seconds": [x[0] for x in slices],
+        "slice_us_per_call": slice_us,
         "load": list(os.getloadavg()),
     }
     params = {"views": args.views, "tweets": args.tweets, "batches": args.batches, "repeat": args.repeat, "max_entries": args.max_entries}

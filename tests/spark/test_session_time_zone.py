@@ -21,7 +21,7 @@ from buffering import Count, First, Sum
 from buffering.windows import Tumbling
 
 from .helpers import collect_sink, stream_of, write_batches
-from .test_windows_parity import SCHEMA, SECOND, inputs, spark_rows
+from .test_windows_parity import SCHEMA, SECOND, _rows, inputs, spark_rows
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -37,12 +37,6 @@ def los_angeles(spark):
         yield spark
     finally:
         spark.conf.set("spark.sql.session.timeZone", previous)
-
-
-def _windows(out: list) -> pd.DataFrame:
-    df = pd.concat([pdf for _, pdf in out if len(pdf)], ignore_index=True)[["k", "window_start", "window_end", "n", "s"]]
-    df = df[df["k"] != -1].astype({"n": "int64", "s": "int64"})
-    return df.sort_values(["k", "window_start"]).reset_index(drop=True)
 
 
 @pytest.mark.parametrize("combine", [False, None], ids=["raw-rows", "default"])
@@ -62,7 +56,7 @@ def test_windows_equal_sparks_own_in_a_session_time_zone_other_than_utc(los_ange
     query.awaitTermination()
     assert query.runner.combine == ("none" if combine is False else "sql")
     assert len(expected) > 10
-    pd.testing.assert_frame_equal(_windows(out), expected)
+    pd.testing.assert_frame_equal(_rows(out), expected)
 
 
 @pytest.mark.parametrize(

@@ -65,6 +65,7 @@ import shutil
 import tempfile
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 import buffering
@@ -171,8 +172,6 @@ def run_loop(groups: list[list[tuple[tuple, pd.DataFrame]]]) -> tuple[float, flo
 def run_slices(batches: list[pd.DataFrame]) -> tuple[float, int]:
     """Seconds and calls of cutting each key's frame out of its batch with ``iloc`` (the batch sorted by key
     beforehand, untimed): the least any runner that hands a function one pandas frame per key pays per call."""
-    import numpy as np
-
     cuts = []
     for frame in batches:
         ordered = frame.sort_values("tweet", kind="stable").reset_index(drop=True)
@@ -276,7 +275,8 @@ def main(argv: Any = None) -> dict[str, Any]:
     if len({loop_calls, run_calls, rows_out, floor_calls, floor_rows, harness_calls, harness_rows, slice_calls}) != 1:
         raise SystemExit(
             f"call counts differ: loop {loop_calls}, runner {run_calls} calls and {rows_out} rows, "
-            f"floor {floor_calls} calls and {floor_rows} rows, harness {harness_calls} calls and {harness_rows} rows"
+            f"floor {floor_calls} calls and {floor_rows} rows, harness {harness_calls} calls and {harness_rows} rows, "
+            f"slices {slice_calls}"
         )
     overhead_us = (run_s - loop_s) / run_calls * 1e6
     harness_us = (harness_s - loop_s) / run_calls * 1e6

@@ -361,7 +361,7 @@ class StreamRunner:
         from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
         fields = {f.name: f for f in input_schema.fields}
-        instants = instant_columns(input_schema)  # travel as epoch microseconds (see _instants)
+        instants = self.plan.instant_columns  # travel as epoch microseconds (see _instants)
         return StructType(
             [
                 *(StructField(c, LongType() if c in instants else fields[c].dataType, True) for c in self.key_columns),
@@ -418,7 +418,7 @@ class StreamRunner:
         if len(host_keys) != self.parallelism:
             raise ValueError(f"need one host key per instance ({self.parallelism}), got {len(host_keys)}")
         keys = tuple(int(k) for k in host_keys)
-        df = as_micros(self._read_only_needed(df), self._instants_of(self._read_columns))
+        df = self._rows_for_python(df)
         if self.combine == "python":
             assert self._combined_schema is not None
             tagged = self._tagged(self._combined_schema)
@@ -480,8 +480,7 @@ class StreamRunner:
             )
             frame = as_micros(frame, self._instants_of(self.key_columns))
         else:
-            frame = self._read_only_needed(frame)
-            frame = as_micros(frame, self._instants_of(self._read_columns))
+            frame = self._rows_for_python(frame)
             if combine == "python":
                 frame = frame.mapInPandas(functools.partial(_task.combine_partition, plan, context), self._combined_schema)
         frame = frame.withColumn(
@@ -512,13 +511,14 @@ class StreamRunner:
         instants = self.plan.instant_columns
         return list(instants) if columns is None else [c for c in columns if c in instants]
 
-    def _read_only_needed(self, frame: Any) -> Any:
-        """``frame`` with only the columns the Python side reads (:meth:`_columns_read`)."""
+    def _rows_for_python(self, frame: Any) -> Any:
+        """``frame``'s rows as they cross into Python: only the columns the Python side reads
+        (:meth:`_columns_read`), TIMESTAMPs among them as epoch microseconds (see _instants)."""
         from pyspark.sql import functions as F
 
-        if self._read_columns is None:
-            return frame
-        return frame.select(*[F.col(quoted(name)) for name in self._read_columns])
+        if self._read_columns is not None:
+            frame = frame.select(*[F.col(quoted(name)) for name in self._read_columns])
+        return as_micros(frame, self._instants_of(self._read_columns))
 
     def _recorded_few_rows_per_key(self, version: int) -> bool:
         """Whether committed batch ``version`` merged fewer than RAW_ROWS_PER_KEY input rows per key, as its

@@ -218,3 +218,39 @@ def test_a_key_twice_in_one_combined_part_is_merged_into_one_row():
     keys, block, rows = _task._keyed_block(layout, [packed], ["k"]).drain()
     assert keys == [1, 2] and rows == [2, 1]
     assert layout.results(block)["n"].tolist() == [2, 1] and layout.results(block)["u"].tolist() == [2, 1]
+
+
+def test_a_task_failing_while_it_restores_timestamps_is_retried_counting_each_row_once(tmp_path, monkeypatch):
+    """The conversion of TIMESTAMP columns (epoch microseconds -> naive UTC) is a step of every chunk: a task
+    failing in it, after an earlier chunk was processed, leaves nothing applied."""
+    from pyspark.sql.types import LongType, StructField, StructType, TimestampType
+
+    from buffering.spark import _instants
+    from buffering.spark.stream import StreamRunner
+
+    schema = StructType([StructField("k", LongType()), StructField("ts", TimestampType()), StructField("v", LongType())])
+    output = StructType([StructField("k", LongType()), StructField("n", LongType()), StructField("s", LongType())])
+    runner = StreamRunner(
+        count_sum, input_schema=schema, key="k", output_schema=output, checkpoint_location=str(tmp_path / "ckpt"),
+        sink="noop", parallelism=1, workdir=str(tmp_path / "work"),
+    )
+    assert runner.plan.instant_columns == ("ts",)
+
+    def chunk(keys: list[int]) -> pd.DataFrame:  # as the plan ships it: ts in epoch microseconds
+        return pd.DataFrame({"k": keys, "ts": np.arange(len(keys), dtype=np.int64) * 1000, "v": 1, _task.OPERATOR_COLUMN: 0})
+
+    assert _batch(runner, 0, [chunk([1, 2])]) == {1: (1, 1), 2: (1, 1)}
+    restore, calls = _instants.restore, []
+
+    def fails_second(frame, names):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError("restore failed")
+        return restore(frame, names)
+
+    context, _ = runner.context(1)
+    monkeypatch.setattr(_instants, "restore", fails_second)
+    with pytest.raises(OSError, match="restore failed"):  # the warm instance merged the first chunk already
+        list(_task.run_task(runner.plan, context, iter([chunk([2, 3]), chunk([2])]), partition_id=0))
+    monkeypatch.setattr(_instants, "restore", restore)
+    assert _batch(runner, 1, [chunk([2, 3]), chunk([2])]) == {2: (3, 3), 3: (1, 1)}

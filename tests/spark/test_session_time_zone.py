@@ -15,6 +15,7 @@ import datetime as dt
 import numpy as np
 import pandas as pd
 import pytest
+from pyspark.sql.streaming import StatefulProcessor
 
 import buffering
 from buffering import Count, First, Sum
@@ -143,3 +144,43 @@ def test_an_event_time_of_wall_clock_times_is_refused_naming_it(spark, tmp_path)
             buffering.aggregate({"n": Count()}, window=Tumbling("10 seconds")), key="k", event_time="ts",
             checkpoint_location=str(tmp_path / "ck"), sink=collect_sink([]), trigger={"availableNow": True},
         )
+
+
+class SeededInstants(StatefulProcessor):
+    """Keyed by a timestamp, its initial state another timestamp per key: each key reports its own instant
+    and the seeded one as the processor sees them, read as UTC (epoch microseconds)."""
+
+    def init(self, handle):
+        self.seeded = handle.getValueState("seeded", "at long")
+
+    def handleInitialState(self, key, initialState, timerValues):
+        self.seeded.update((pd.Timestamp(initialState.at[0, "at"]).value // 1000,))
+
+    def handleInputRows(self, key, rows, timerValues):
+        n = sum(len(pdf) for pdf in rows)
+        at = self.seeded.get()[0] if self.seeded.exists() else -1
+        yield pd.DataFrame({"key": [pd.Timestamp(key[0]).value // 1000], "at": [at], "n": [n]})
+
+    def close(self):
+        pass
+
+
+def test_a_processors_initial_state_reaches_its_keys_as_naive_utc_instants(los_angeles, tmp_path):
+    base = pd.Timestamp("2026-11-01 08:30", tz="UTC")  # 01:30 in ZONE, the hour that repeats
+    keys = pd.DatetimeIndex([base, base + pd.Timedelta(hours=1), base + pd.Timedelta(hours=5)]).astype("datetime64[us, UTC]")
+    seeded = keys - pd.Timedelta(days=3)
+    rows = pd.DataFrame({"ts": keys.repeat(2), "v": np.zeros(6, dtype=np.int64)})
+    source = write_batches(str(tmp_path / "in"), [rows])
+    initial = los_angeles.createDataFrame(pd.DataFrame({"ts": keys, "at": seeded}), "ts timestamp, at timestamp")
+    out: list = []
+    query = buffering.spark.run_stream(
+        stream_of(los_angeles, source, "ts timestamp, v long"), SeededInstants(), key="ts",
+        output_schema="key long, at long, n long", checkpoint_location=str(tmp_path / "ck"), sink=collect_sink(out),
+        trigger={"availableNow": True}, parallelism=3, time_mode="None", initial_state=initial,
+    )
+    query.awaitTermination()
+    got = pd.concat([pdf for _, pdf in out], ignore_index=True).sort_values("key").reset_index(drop=True)
+    micros = keys.as_unit("us").astype("int64").tolist()
+    assert got["key"].tolist() == micros  # two keys in the repeated hour stay two instants
+    assert got["at"].tolist() == seeded.as_unit("us").astype("int64").tolist()  # each key found its own seed
+    assert got["n"].tolist() == [2, 2, 2]

@@ -326,8 +326,10 @@ def run_task(
 ) -> Iterator[pd.DataFrame]:
     """One partition of one micro-batch: process, fire timers, checkpoint, then yield one report row.
 
-    Rows carry OPERATOR_COLUMN; the partition's own index (``partition_id``)
-    always gets an instance, so its timers fire even when no row arrives. If
+    Rows that carry OPERATOR_COLUMN go to the instance it names; rows without
+    it are all the partition's own (see :func:`_instance_parts`). The
+    partition's own index (``partition_id``) always gets an instance, so its
+    timers fire even when no row arrives. If
     the task fails or is abandoned, its instances are closed and forgotten:
     the retry starts again from the checkpoint.
     """
@@ -399,11 +401,8 @@ def _run_task(
         if not len(frame):
             continue
         frame = _instants.restore(frame, plan.instant_columns)
-        ops = frame[OPERATOR_COLUMN].to_numpy()
-        for index in np.unique(ops).tolist():
-            part = frame if ops[0] == ops[-1] == index and (ops == index).all() else frame.loc[ops == index]
-            part = part.drop(columns=[OPERATOR_COLUMN]).reset_index(drop=True)
-            instance = get(int(index))
+        for index, part in _instance_parts(frame, partition_id):
+            instance = get(index)
             if plan.combine != "none":
                 if plan.event_time is not None and len(part):
                     max_event = max(max_event, int(part[EVENT_TIME_COLUMN].max()))
@@ -475,6 +474,22 @@ def _run_task(
     row: dict[str, Any] = {name: [None] for name in plan.output_columns}
     row[REPORT_COLUMN] = [summary.to_json()]
     yield pd.DataFrame(row)
+
+
+def _instance_parts(frame: pd.DataFrame, partition_id: int) -> Iterator[tuple[int, pd.DataFrame]]:
+    """The rows of ``frame`` by operator instance, without OPERATOR_COLUMN.
+
+    A frame without the column is the partition's own instance's: the hosting
+    operator groups rows by instance, and drops the column with its own two
+    in one copy of each chunk.
+    """
+    if OPERATOR_COLUMN not in frame.columns:
+        yield partition_id, frame
+        return
+    ops = frame[OPERATOR_COLUMN].to_numpy()
+    for index in np.unique(ops).tolist():
+        part = frame if ops[0] == ops[-1] == index and (ops == index).all() else frame.loc[ops == index]
+        yield int(index), part.drop(columns=[OPERATOR_COLUMN]).reset_index(drop=True)
 
 
 # ---------------------------------------------------------------- hosted in Spark's stateful operator
@@ -600,7 +615,7 @@ def host_instance(
                 frame = frame.astype(
                     {name: dtype for name, dtype in dtypes if frame[name].dtype != dtype and frame[name].notna().all()}
                 )
-            yield frame.drop(columns=[HOST_COLUMN, HEARTBEAT_COLUMN])
+            yield frame.drop(columns=[HOST_COLUMN, HEARTBEAT_COLUMN, OPERATOR_COLUMN])
 
     yield from run_task(plan, context, rows(), partition_id=index)
 

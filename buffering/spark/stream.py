@@ -486,6 +486,9 @@ class StreamRunner:
         frame = frame.withColumn(
             OPERATOR_COLUMN, F.expr(operator_index_sql(self.key_columns, self.parallelism, self.max_parallelism))
         )
+        # The column goes on to the tasks although partition i holds exactly instance i's rows: with a
+        # projection between the shuffle and mapInPandas, Spark skips the Python task of an empty
+        # partition, and every instance must run in every batch (its timers, its report).
         frame = frame.repartitionById(self.parallelism, OPERATOR_COLUMN)
         return frame.mapInPandas(functools.partial(_task.run_task, plan, context), self._internal_schema)
 

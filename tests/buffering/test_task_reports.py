@@ -75,6 +75,29 @@ def test_a_task_reports_each_instance_it_ran_with_how_it_got_it_and_its_counters
     assert instance.metrics["rows_in"] == 3.0 and instance.metrics["rows_out"] == 2.0
 
 
+def _instances_run(runner, partition: int, frame: pd.DataFrame) -> list[tuple[int, float]]:
+    """Task ``partition`` of batch 0 on ``frame``: each instance it reported, with its rows in."""
+    context, _ = runner.context(0)
+    rows = pd.concat(list(_task.run_task(runner.plan, context, iter([frame]), partition_id=partition)))
+    (report,) = rows[_task.REPORT_COLUMN].dropna()
+    return [(i.instance, i.metrics["rows_in"]) for i in _task.TaskSummary.from_json(report).instances]
+
+
+def test_rows_without_the_operator_column_all_go_to_the_partitions_own_instance(tmp_path):
+    # What the hosting operator sends: each group of rows is one instance's.
+    runner = _runner(tmp_path)
+    keys = _keys_of(runner, 1, 3)
+    frame = pd.DataFrame({"k": keys, "v": np.ones(3, dtype=np.int64)})
+    assert _instances_run(runner, 1, frame) == [(1, 3.0)]
+
+
+def test_rows_with_the_operator_column_go_to_the_instance_it_names(tmp_path):
+    runner = _runner(tmp_path)
+    keys = _keys_of(runner, 0, 2) + _keys_of(runner, 1, 1)
+    frame = pd.DataFrame({"k": keys, "v": np.ones(3, dtype=np.int64), _task.OPERATOR_COLUMN: np.array([0, 0, 1], np.int32)})
+    assert _instances_run(runner, 0, frame) == [(0, 2.0), (1, 1.0)]
+
+
 def test_the_next_task_in_the_same_worker_resumes_the_instance_it_handed_over(tmp_path):
     runner = _runner(tmp_path, parallelism=1)
     first = _run(runner, 0, 0, [1, 2])

@@ -22,7 +22,7 @@ from buffering import Count, First, Sum
 from buffering.windows import Tumbling
 
 from .helpers import collect_sink, stream_of, write_batches
-from .test_windows_parity import SCHEMA, SECOND, _rows, inputs, spark_rows
+from .test_windows_parity import SCHEMA, SECOND, inputs, opbuffer_rows, spark_rows
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -47,17 +47,12 @@ def test_windows_equal_sparks_own_in_a_session_time_zone_other_than_utc(los_ange
     from pyspark.sql import functions as F
 
     expected = spark_rows(los_angeles, source, str(tmp_path / "spark-ck"), F.window("ts", "10 seconds"))
-    out: list = []
-    query = buffering.spark.run_stream(
-        stream_of(los_angeles, source, SCHEMA),
-        buffering.aggregate({"n": Count(), "s": Sum("v")}, window=Tumbling("10 seconds")),
-        key="k", event_time="ts", watermark_delay_ms=20 * SECOND, checkpoint_location=str(tmp_path / "ck"),
-        sink=collect_sink(out), trigger={"availableNow": True}, parallelism=2, combine_before_shuffle=combine,
+    got, _ = opbuffer_rows(
+        los_angeles, source, str(tmp_path / "ck"), Tumbling("10 seconds"),
+        combine="none" if combine is False else "sql", combine_before_shuffle=combine,
     )
-    query.awaitTermination()
-    assert query.runner.combine == ("none" if combine is False else "sql")
     assert len(expected) > 10
-    pd.testing.assert_frame_equal(_rows(out), expected)
+    pd.testing.assert_frame_equal(got, expected)
 
 
 @pytest.mark.parametrize(

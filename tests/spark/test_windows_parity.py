@@ -79,7 +79,14 @@ def spark_rows(spark, source: str, checkpoint: str, window_column) -> pd.DataFra
     return _rows(out)
 
 
-def opbuffer_rows(spark, source: str, checkpoint: str, window, layout: str = "key") -> tuple[pd.DataFrame, int]:
+def opbuffer_rows(
+    spark, source: str, checkpoint: str, window, layout: str = "key", combine: str = "sql", **options
+) -> tuple[pd.DataFrame, int]:
+    """run_stream's windowed count and sum of v by k over ``source``: its final rows and late rows dropped.
+
+    ``combine``: the combine the runner must have chosen (by default Spark SQL's, per (key, window
+    start)); ``options``: more run_stream arguments (placement, combine_before_shuffle).
+    """
     out: list = []
     operator = buffering.aggregate({"n": Count(), "s": Sum("v")}, window=window)
     if layout != "key":
@@ -94,9 +101,10 @@ def opbuffer_rows(spark, source: str, checkpoint: str, window, layout: str = "ke
         sink=collect_sink(out),
         trigger={"availableNow": True},
         parallelism=2,
+        **options,
     )
     query.awaitTermination()
-    assert query.runner.combine == "sql"  # windows combined per (key, window start) in Spark SQL
+    assert query.runner.combine == combine
     return _rows(out), sum(m.dropped_late_rows for m in query.batch_metrics)
 
 
@@ -229,16 +237,9 @@ def test_windows_under_executor_placement_give_sparks_rows(spark, tmp_path):
     frames, _ = inputs(15, 10 * SECOND)
     source = write_batches(str(tmp_path / "in"), frames)
     expected = spark_rows(spark, source, str(tmp_path / "spark-ck"), F.window("ts", "10 seconds"))
-    out: list = []
-    query = buffering.spark.run_stream(
-        stream_of(spark, source, SCHEMA),
-        buffering.aggregate({"n": Count(), "s": Sum("v")}, window=Tumbling("10 seconds")),
-        key="k", event_time="ts", watermark_delay_ms=20 * SECOND, checkpoint_location=str(tmp_path / "ck"),
-        sink=collect_sink(out), trigger={"availableNow": True}, parallelism=2, placement="executor",
-    )
-    query.awaitTermination()
-    assert query.runner.combine == "none"  # the hosted plan's combine is Python's: windows go as rows
-    pd.testing.assert_frame_equal(_rows(out), expected)
+    # The hosted plan's combine is Python's: windows go as rows.
+    got, _ = opbuffer_rows(spark, source, str(tmp_path / "ck"), Tumbling("10 seconds"), combine="none", placement="executor")
+    pd.testing.assert_frame_equal(got, expected)
 
 
 @pytest.mark.parametrize(

@@ -287,6 +287,10 @@ class StreamRunner:
                 "requires; cast it to timestamp first (its wall-clock times are then read in the session time zone)"
             )
         self._read_columns = self._columns_read(fields)
+        self._input_columns = tuple(fields)
+        # Spark Column objects of every batch's plan, built once in the process that runs the batches
+        # (not pickled: under Spark Connect this runner is pickled to the server). See _python_rows.
+        self._columns: Optional[dict[str, Any]] = None
         self.output_schema = output_schema_for(self.spec, output_schema, input_schema, self.key_columns)
         self.sink: Sink = sink_of(sink)
         self.retain = retain
@@ -479,13 +483,13 @@ class StreamRunner:
                 event.alias(EVENT_TIME_COLUMN),
             )
             frame = as_micros(frame, self._instants_of(self.key_columns))
-        else:
+            frame = frame.withColumn(OPERATOR_COLUMN, self._operator_column())
+        elif combine == "python":
             frame = self._rows_for_python(frame)
-            if combine == "python":
-                frame = frame.mapInPandas(functools.partial(_task.combine_partition, plan, context), self._combined_schema)
-        frame = frame.withColumn(
-            OPERATOR_COLUMN, F.expr(operator_index_sql(self.key_columns, self.parallelism, self.max_parallelism))
-        )
+            frame = frame.mapInPandas(functools.partial(_task.combine_partition, plan, context), self._combined_schema)
+            frame = frame.withColumn(OPERATOR_COLUMN, self._operator_column())
+        else:
+            frame = self._python_rows(frame)
         # The column goes on to the tasks although partition i holds exactly instance i's rows: with a
         # projection between the shuffle and mapInPandas, Spark skips the Python task of an empty
         # partition, and every instance must run in every batch (its timers, its report).
@@ -514,6 +518,11 @@ class StreamRunner:
         instants = self.plan.instant_columns
         return list(instants) if columns is None else [c for c in columns if c in instants]
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_columns"] = None  # Spark Columns belong to the session of the process that made them
+        return state
+
     def _rows_for_python(self, frame: Any) -> Any:
         """``frame``'s rows as they cross into Python: only the columns the Python side reads
         (:meth:`_columns_read`), TIMESTAMPs among them as epoch microseconds (see _instants)."""
@@ -522,6 +531,41 @@ class StreamRunner:
         if self._read_columns is not None:
             frame = frame.select(*[F.col(quoted(name)) for name in self._read_columns])
         return as_micros(frame, self._instants_of(self._read_columns))
+
+    def _operator_column(self) -> Any:
+        """The Column of a row's operator instance, computed by Spark from the key columns."""
+        from pyspark.sql import functions as F
+
+        return F.expr(operator_index_sql(self.key_columns, self.parallelism, self.max_parallelism)).alias(OPERATOR_COLUMN)
+
+    def _python_rows(self, frame: Any) -> Any:
+        """:meth:`_rows_for_python` with OPERATOR_COLUMN added, as one projection.
+
+        The driver builds every batch's plan while the cluster waits, and each
+        DataFrame step costs an analysis in the JVM and each Column a few Py4J
+        calls (in benchmarks.spark_e2e's (c) the plan took 71 ms a batch on a
+        busy machine); so the Columns are made once and the rows get their
+        columns and their instance in one ``select``. When a key column is a
+        TIMESTAMP the instance is computed after the conversion, as before:
+        the key groups are those of the epoch microseconds the tasks see.
+        """
+        from pyspark.sql import functions as F
+
+        instants = set(self._instants_of(self._read_columns))
+        if instants & set(self.key_columns):
+            return self._rows_for_python(frame).withColumn(OPERATOR_COLUMN, self._operator_column())
+        if self._columns is None:
+            operator = self._operator_column()
+            if self._read_columns is None and not instants:
+                rows = None  # every column as it is: no projection (nor any doubt about repeated names)
+            else:
+                names = self._read_columns if self._read_columns is not None else self._input_columns
+                rows = [*(F.unix_micros(F.col(quoted(n))).alias(n) if n in instants else F.col(quoted(n)) for n in names)]
+            self._columns = {"operator": operator, "python_rows": rows}
+        rows = self._columns["python_rows"]
+        if rows is None:
+            return frame.withColumn(OPERATOR_COLUMN, self._columns["operator"])
+        return frame.select(*rows, self._columns["operator"])
 
     def _recorded_few_rows_per_key(self, version: int) -> bool:
         """Whether committed batch ``version`` merged fewer than RAW_ROWS_PER_KEY input rows per key, as its
@@ -578,9 +622,10 @@ class StreamRunner:
         if task_sink is None:  # the tasks write the rows and yield only reports
             out = out.persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            summaries = [
-                TaskSummary.from_json(r[0]) for r in out.where(F.col(REPORT_COLUMN).isNotNull()).select(REPORT_COLUMN).collect()
-            ]
+            # With a task sink the tasks yield report rows only: collected as they are, without a
+            # filter and a projection to plan on the driver.
+            reports = out if task_sink is not None else out.where(F.col(REPORT_COLUMN).isNotNull())
+            summaries = [TaskSummary.from_json(r[REPORT_COLUMN]) for r in reports.collect()]
             instances = [i for s in summaries for i in s.instances]
             seen = sorted(i.instance for i in instances)
             if seen != list(range(self.parallelism)):

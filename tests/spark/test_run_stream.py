@@ -120,6 +120,18 @@ def test_aggregate_counts_exactly_and_estimates_within_the_hll_error_bound(spark
     assert np.all(np.abs(ours["viewers"].to_numpy() - ref["viewers"].to_numpy()) <= 0.05 * ref["viewers"].to_numpy() + 1)
 
 
+def test_a_runner_that_ran_batches_still_pickles(spark, input_dir, tmp_path):
+    """A foreachBatch function is pickled (Spark Connect sends it to the server): the Spark Columns the
+    runner keeps between batches stay out of its pickle."""
+    import cloudpickle
+
+    operator = buffering.aggregate({"views": Count()})
+    _, query = _run(spark, input_dir, operator, str(tmp_path / "ck"), output_schema=None, combine_before_shuffle=False)
+    assert query.runner._columns is not None  # made by the batches that ran
+    clone = cloudpickle.loads(cloudpickle.dumps(query.runner))
+    assert clone._columns is None and clone.plan == query.runner.plan
+
+
 @pytest.mark.parametrize("placement", ["batch", "executor"])
 def test_aggregate_in_key_group_blocks_gives_the_rows_of_the_per_key_layout(spark, input_dir, tmp_path, placement):
     """cached_state(layout="key_group"), with a restart at another parallelism between the files."""

@@ -546,8 +546,8 @@ class StreamRunner:
         calls (in benchmarks.spark_e2e's (c) the plan took 71 ms a batch on a
         busy machine); so the Columns are made once and the rows get their
         columns and their instance in one ``select``. When a key column is a
-        TIMESTAMP the instance is computed after the conversion, as before:
-        the key groups are those of the epoch microseconds the tasks see.
+        TIMESTAMP the instance is computed after the conversion: the key
+        groups are those of the epoch microseconds the tasks see.
         """
         from pyspark.sql import functions as F
 

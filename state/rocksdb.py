@@ -203,7 +203,7 @@ class _Database:
         # compresses every flush, and an operator's working store is flushed at every hand-over: for
         # the 4.2 MB of key-group blocks of one spark_e2e (c) instance at 100k tweets (count +
         # HyperLogLog blocks, which Snappy shrinks by about a third), an open + read + write + flush +
-        # close cycle took 15.3-17.1 ms against 19.2-22.6 (medians of 24 cycles, four rounds).
+        # close cycle took 15.0-17.1 ms against 18.8-22.8 (medians of 24 cycles, four rounds).
         # (With level_compaction_dynamic_level_bytes, RocksDB's default, the second entry is the
         # level L0 compacts into, whatever its number.)
         none, snappy = DBCompressionType.none(), DBCompressionType.snappy()

@@ -34,14 +34,19 @@ def instant_columns(schema: Any) -> tuple[str, ...]:
     return tuple(f.name for f in schema.fields if f.dataType.typeName() == "timestamp")
 
 
-def as_micros(frame: Any, names: Iterable[str]) -> Any:
-    """The Spark DataFrame with each of ``names`` replaced by its epoch microseconds (a long, same name)."""
+def micros_column(name: str) -> Any:
+    """The Spark Column of ``TIMESTAMP`` column ``name`` as epoch microseconds (a long), named ``name``."""
     from pyspark.sql import functions as F
 
+    return F.unix_micros(F.col(quoted(name))).alias(name)
+
+
+def as_micros(frame: Any, names: Iterable[str]) -> Any:
+    """The Spark DataFrame with each of ``names`` replaced by its epoch microseconds (a long, same name)."""
     names = list(dict.fromkeys(names))
     if not names:
         return frame
-    return frame.withColumns({name: F.unix_micros(F.col(quoted(name))) for name in names})
+    return frame.withColumns({name: micros_column(name) for name in names})
 
 
 def restore(frame: pd.DataFrame, names: Sequence[str]) -> pd.DataFrame:

@@ -30,7 +30,7 @@ import uuid
 
 import xxhash
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
 
 from checkpoint import DEFAULT_RETAIN, CheckpointCorruptError, CheckpointStorage, VersionExistsError, commit
 from state.cache import check_memory_budget
@@ -52,7 +52,7 @@ from ..protocol import (
 from ..windows import WINDOW_START, check_runner_settings
 from . import _task
 from ._sql_combine import sql_exprs, sql_partials
-from ._instants import as_micros, instant_columns, restore
+from ._instants import as_micros, instant_columns, micros_column, restore
 from ._plan import is_connect, key_list, key_types_of, nullable, operator_index_sql, output_schema_for, quoted
 from ._task import (
     ACCUMULATOR_COLUMN,
@@ -90,6 +90,17 @@ RAW_ROWS_PER_KEY = 16
 def _few_rows_per_key(rows_in: int, calls: int) -> bool:
     """Whether a batch that merged ``rows_in`` input rows into ``calls`` keys had fewer than RAW_ROWS_PER_KEY a key."""
     return rows_in < RAW_ROWS_PER_KEY * calls
+
+
+class _PlanColumns(NamedTuple):
+    """The Spark Columns every batch's plan reuses (see StreamRunner._rows_for_python)."""
+
+    #: The columns the Python side reads, TIMESTAMPs as epoch microseconds; None when it reads all.
+    select: Optional[list[Any]]
+    #: When it reads all: the TIMESTAMPs among them as epoch microseconds, by name.
+    converted: dict[str, Any]
+    #: A row's operator instance, named OPERATOR_COLUMN.
+    operator: Any
 
 
 @dataclass
@@ -287,10 +298,9 @@ class StreamRunner:
                 "requires; cast it to timestamp first (its wall-clock times are then read in the session time zone)"
             )
         self._read_columns = self._columns_read(fields)
-        self._input_columns = tuple(fields)
-        # Spark Column objects of every batch's plan, built once in the process that runs the batches
-        # (not pickled: under Spark Connect this runner is pickled to the server). See _python_rows.
-        self._columns: Optional[dict[str, Any]] = None
+        # The Spark Columns of every batch's plan (see _plan_columns), built once in the process that
+        # runs the batches; not pickled (under Spark Connect this runner is pickled to the server).
+        self._columns: Optional[_PlanColumns] = None
         self.output_schema = output_schema_for(self.spec, output_schema, input_schema, self.key_columns)
         self.sink: Sink = sink_of(sink)
         self.retain = retain
@@ -417,8 +427,6 @@ class StreamRunner:
         stays warm there. The batch's context reaches the tasks through the
         batch record the driver writes before the batch runs.
         """
-        from pyspark.sql import functions as F
-
         if len(host_keys) != self.parallelism:
             raise ValueError(f"need one host key per instance ({self.parallelism}), got {len(host_keys)}")
         keys = tuple(int(k) for k in host_keys)
@@ -428,9 +436,7 @@ class StreamRunner:
             tagged = self._tagged(self._combined_schema)
             frame = df.mapInPandas(functools.partial(_task.combine_and_tag, self.plan, keys), tagged)
         else:
-            frame = df.withColumn(
-                OPERATOR_COLUMN, F.expr(operator_index_sql(self.key_columns, self.parallelism, self.max_parallelism))
-            )
+            frame = df.withColumn(OPERATOR_COLUMN, self._plan_columns().operator)
             tagged = self._tagged(df.schema)
             frame = frame.mapInArrow(functools.partial(_task.tag_partition, keys, tagged), tagged)
         numpy_types = {"byte": "int8", "short": "int16", "integer": "int32", "long": "int64", "boolean": "bool"}
@@ -483,13 +489,13 @@ class StreamRunner:
                 event.alias(EVENT_TIME_COLUMN),
             )
             frame = as_micros(frame, self._instants_of(self.key_columns))
-            frame = frame.withColumn(OPERATOR_COLUMN, self._operator_column())
+            frame = frame.withColumn(OPERATOR_COLUMN, self._plan_columns().operator)
         elif combine == "python":
             frame = self._rows_for_python(frame)
             frame = frame.mapInPandas(functools.partial(_task.combine_partition, plan, context), self._combined_schema)
-            frame = frame.withColumn(OPERATOR_COLUMN, self._operator_column())
+            frame = frame.withColumn(OPERATOR_COLUMN, self._plan_columns().operator)
         else:
-            frame = self._python_rows(frame)
+            frame = self._rows_for_python(frame, with_operator=True)
         # The column goes on to the tasks although partition i holds exactly instance i's rows: with a
         # projection between the shuffle and mapInPandas, Spark skips the Python task of an empty
         # partition, and every instance must run in every batch (its timers, its report).
@@ -523,49 +529,41 @@ class StreamRunner:
         state["_columns"] = None  # Spark Columns belong to the session of the process that made them
         return state
 
-    def _rows_for_python(self, frame: Any) -> Any:
+    def _rows_for_python(self, frame: Any, *, with_operator: bool = False) -> Any:
         """``frame``'s rows as they cross into Python: only the columns the Python side reads
-        (:meth:`_columns_read`), TIMESTAMPs among them as epoch microseconds (see _instants)."""
-        from pyspark.sql import functions as F
-
-        if self._read_columns is not None:
-            frame = frame.select(*[F.col(quoted(name)) for name in self._read_columns])
-        return as_micros(frame, self._instants_of(self._read_columns))
-
-    def _operator_column(self) -> Any:
-        """The Column of a row's operator instance, computed by Spark from the key columns."""
-        from pyspark.sql import functions as F
-
-        return F.expr(operator_index_sql(self.key_columns, self.parallelism, self.max_parallelism)).alias(OPERATOR_COLUMN)
-
-    def _python_rows(self, frame: Any) -> Any:
-        """:meth:`_rows_for_python` with OPERATOR_COLUMN added, as one projection.
+        (:meth:`_columns_read`), TIMESTAMPs among them as epoch microseconds (see _instants), and with
+        ``with_operator`` each row's operator instance (OPERATOR_COLUMN), in the same projection.
 
         The driver builds every batch's plan while the cluster waits, and each
         DataFrame step costs an analysis in the JVM and each Column a few Py4J
         calls (in benchmarks.spark_e2e's (c) the plan took 71 ms a batch on a
-        busy machine); so the Columns are made once and the rows get their
-        columns and their instance in one ``select``. When a key column is a
-        TIMESTAMP the instance is computed after the conversion: the key
-        groups are those of the epoch microseconds the tasks see.
+        busy machine): hence one projection, of Columns made once. When a key
+        column is a TIMESTAMP the instance is computed after the conversion:
+        the key groups are those of the epoch microseconds the tasks see.
         """
-        from pyspark.sql import functions as F
+        select, converted, operator = self._plan_columns()
+        after = with_operator and bool(set(self._instants_of(self._read_columns)) & set(self.key_columns))
+        added = {OPERATOR_COLUMN: operator} if with_operator and not after else {}
+        if select is not None:
+            frame = frame.select(*select, *added.values())
+        elif converted or added:
+            frame = frame.withColumns({**converted, **added})  # every other column kept as it is
+        return frame.withColumn(OPERATOR_COLUMN, operator) if after else frame
 
-        instants = set(self._instants_of(self._read_columns))
-        if instants & set(self.key_columns):
-            return self._rows_for_python(frame).withColumn(OPERATOR_COLUMN, self._operator_column())
+    def _plan_columns(self) -> _PlanColumns:
+        """The Columns of :meth:`_rows_for_python`, made on first use in this process."""
         if self._columns is None:
-            operator = self._operator_column()
-            if self._read_columns is None and not instants:
-                rows = None  # every column as it is: no projection (nor any doubt about repeated names)
+            from pyspark.sql import functions as F
+
+            instants = set(self._instants_of(self._read_columns))
+            select, converted = None, {}
+            if self._read_columns is not None:
+                select = [micros_column(n) if n in instants else F.col(quoted(n)) for n in self._read_columns]
             else:
-                names = self._read_columns if self._read_columns is not None else self._input_columns
-                rows = [*(F.unix_micros(F.col(quoted(n))).alias(n) if n in instants else F.col(quoted(n)) for n in names)]
-            self._columns = {"operator": operator, "python_rows": rows}
-        rows = self._columns["python_rows"]
-        if rows is None:
-            return frame.withColumn(OPERATOR_COLUMN, self._columns["operator"])
-        return frame.select(*rows, self._columns["operator"])
+                converted = {n: micros_column(n) for n in instants}
+            operator = F.expr(operator_index_sql(self.key_columns, self.parallelism, self.max_parallelism))
+            self._columns = _PlanColumns(select, converted, operator.alias(OPERATOR_COLUMN))
+        return self._columns
 
     def _recorded_few_rows_per_key(self, version: int) -> bool:
         """Whether committed batch ``version`` merged fewer than RAW_ROWS_PER_KEY input rows per key, as its

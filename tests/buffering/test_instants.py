@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import pandas as pd
 from pyspark.sql.types import LongType, StructField, StructType, TimestampNTZType, TimestampType
 
@@ -53,3 +54,22 @@ def test_mark_utc_marks_naive_timestamps_and_leaves_the_rest():
     assert out["aware"].equals(frame["aware"]) and out["k"].equals(frame["k"])
     assert str(frame["naive"].dtype) == "datetime64[ns]"  # a new frame: the caller's is unchanged
     assert mark_utc(frame, ["aware"]) is frame
+
+
+def test_restore_equals_pandas_own_conversion_for_longs_and_for_floats_with_nulls():
+    longs = np.array([0, -1, 1, *US, -(2**53), 2**53, 9_223_372_036_854_775, -9_223_372_036_854_775], dtype=np.int64)
+    got = restore(pd.DataFrame({"ts": longs}), ["ts"])["ts"]
+    assert got.equals(pd.to_datetime(pd.Series(longs, name="ts"), unit="us"))
+    floats = pd.Series([float(US[0]), np.nan, float(US[1]), -1.0], name="ts")
+    got = restore(pd.DataFrame({"ts": floats}), ["ts"])["ts"]
+    assert got.equals(pd.to_datetime(floats, unit="us"))
+
+
+def test_restore_keeps_the_frame_index():
+    frame = pd.DataFrame({"ts": np.array(US, dtype=np.int64)}, index=[7, 3])
+    assert restore(frame, ["ts"]).index.tolist() == [7, 3]
+
+
+def test_restore_refuses_an_instant_outside_the_nanosecond_range_as_pandas_does():
+    with pytest.raises(pd.errors.OutOfBoundsDatetime):
+        restore(pd.DataFrame({"ts": np.array([0, 9_223_372_036_854_776], dtype=np.int64)}), ["ts"])

@@ -132,6 +132,27 @@ def test_a_runner_that_ran_batches_still_pickles(spark, input_dir, tmp_path):
     assert clone._columns is None and clone.plan == query.runner.plan
 
 
+def test_an_unpickled_runner_goes_on_with_the_next_batch(spark, input_dir, tmp_path):
+    """A runner pickled after it ran batches (as Spark Connect ships it) runs the next batch from the
+    committed state: its state then equals a count over every file."""
+    import cloudpickle
+
+    source = str(tmp_path / "in")
+    os.makedirs(source)
+    files = sorted(f for f in os.listdir(input_dir) if f.endswith(".parquet"))
+    for name in files[:-1]:
+        shutil.copy2(os.path.join(input_dir, name), source)
+    decorated = buffering.cached_state(max_entries=16, store="rocksdb")(tweet_stats)
+    checkpoint = str(tmp_path / "ck")
+    _, query = _run(spark, source, decorated, checkpoint, sink="noop")
+    clone = cloudpickle.loads(cloudpickle.dumps(query.runner))
+    clone(spark.read.schema(SCHEMA).parquet(os.path.join(input_dir, files[-1])), len(files) - 1)
+    counts = pd.read_parquet(input_dir)["tweet"].value_counts().sort_index()
+    state = read_state(checkpoint).sort_values("tweet")
+    assert state["tweet"].tolist() == counts.index.tolist()
+    assert [s[0] for s in state["state"]] == counts.tolist()
+
+
 @pytest.mark.parametrize("placement", ["batch", "executor"])
 def test_aggregate_in_key_group_blocks_gives_the_rows_of_the_per_key_layout(spark, input_dir, tmp_path, placement):
     """cached_state(layout="key_group"), with a restart at another parallelism between the files."""

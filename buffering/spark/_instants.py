@@ -54,17 +54,18 @@ _NS_MICROS = np.iinfo(np.int64).max // 1000
 
 
 def _timestamps(values: pd.Series) -> pd.Series:
-    """Epoch microseconds (longs, or floats with NaN for nulls) as naive UTC ``datetime64[ns]``.
+    """Epoch microseconds (longs, or whole floats with NaN for nulls, as Spark's longs arrive when a chunk
+    has a null) as naive UTC ``datetime64[ns]``.
 
     numpy's unit casts, O(n): ``pd.to_datetime(unit="us")`` took 1.3 ms for a chunk of 10,000 longs
     against 0.12 ms, and 5.4 ms with a null among them. Instants outside the nanosecond range are left to
     ``pd.to_datetime``, which raises for them."""
     raw = values.to_numpy()
     missing = np.isnan(raw) if raw.dtype.kind == "f" else None
-    whole = (np.where(missing, 0, raw) if missing is not None else raw).astype(np.int64)
-    if len(whole) and (int(whole.min()) < -_NS_MICROS or int(whole.max()) > _NS_MICROS):
+    whole = np.where(missing, 0, raw) if missing is not None else raw
+    if len(whole) and (whole.min() < -_NS_MICROS or whole.max() > _NS_MICROS):  # checked before the cast to int64
         return pd.to_datetime(values, unit="us")
-    out = whole.astype("datetime64[us]").astype("datetime64[ns]")
+    out = whole.astype(np.int64).astype("datetime64[us]").astype("datetime64[ns]")
     if missing is not None:
         out[missing] = np.datetime64("NaT")
     return pd.Series(out, index=values.index, name=values.name)

@@ -9,7 +9,10 @@ methods can be checkpointed and restored.
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol, Sequence
+
+if TYPE_CHECKING:
+    import numpy as np
 
 #: Bytes of the key-group prefix of every raw key.
 KEY_GROUP_BYTES = 2
@@ -18,6 +21,31 @@ KEY_GROUP_BYTES = 2
 def key_group_of_raw(raw_key: bytes) -> int:
     """The key group in front of a raw key (its first two bytes, big-endian)."""
     return (raw_key[0] << 8) | raw_key[1]
+
+
+def key_groups_of_raw(raw_keys: Sequence[bytes]) -> "np.ndarray":
+    """:func:`key_group_of_raw` of each of ``raw_keys``, as uint16: read from the joined keys at each
+    key's start, O(keys) in numpy with no Python slice per key. ValueError for a key shorter than the
+    prefix."""
+    import numpy as np
+
+    n = len(raw_keys)
+    lengths = np.fromiter(map(len, raw_keys), dtype=np.int64, count=n)
+    if n and int(lengths.min()) < KEY_GROUP_BYTES:
+        raise ValueError(f"a raw key is shorter than its key group prefix: {min(raw_keys, key=len)!r}")
+    joined = np.frombuffer(b"".join(raw_keys), dtype=np.uint8)
+    starts = np.cumsum(lengths) - lengths
+    return (joined[starts].astype(np.uint16) << 8) | joined[starts + 1]
+
+
+def fixed_width_cuts(buffer: "Any", width: int, count: int, offset: int = 0) -> list[bytes]:
+    """``count`` consecutive byte strings of ``width`` bytes from ``buffer`` (anything exposing the buffer
+    protocol, e.g. bytes or a numpy structured array), starting at byte ``offset``: raw keys of
+    fixed-width columns, cut by one cast to a numpy void dtype (which, unlike ``S``, keeps trailing zero
+    bytes) instead of a Python slice per key, several times faster."""
+    import numpy as np
+
+    return np.frombuffer(buffer, dtype=f"V{width}", count=count, offset=offset).tolist()
 
 
 class RawTable(Protocol):

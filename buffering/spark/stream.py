@@ -101,6 +101,9 @@ class _PlanColumns(NamedTuple):
     converted: dict[str, Any]
     #: A row's operator instance, named OPERATOR_COLUMN.
     operator: Any
+    #: Whether the instance is computed after the conversion, in its own step: a key column is a
+    #: TIMESTAMP the Python side reads, so the key groups are those of its epoch microseconds.
+    operator_after: bool
 
 
 @dataclass
@@ -541,8 +544,8 @@ class StreamRunner:
         column is a TIMESTAMP the instance is computed after the conversion:
         the key groups are those of the epoch microseconds the tasks see.
         """
-        select, converted, operator = self._plan_columns()
-        after = with_operator and bool(set(self._instants_of(self._read_columns)) & set(self.key_columns))
+        select, converted, operator, operator_after = self._plan_columns()
+        after = with_operator and operator_after
         added = {OPERATOR_COLUMN: operator} if with_operator and not after else {}
         if select is not None:
             frame = frame.select(*select, *added.values())
@@ -562,7 +565,8 @@ class StreamRunner:
             else:
                 converted = {n: micros_column(n) for n in instants}
             operator = F.expr(operator_index_sql(self.key_columns, self.parallelism, self.max_parallelism))
-            self._columns = _PlanColumns(select, converted, operator.alias(OPERATOR_COLUMN))
+            after = bool(instants & set(self.key_columns))
+            self._columns = _PlanColumns(select, converted, operator.alias(OPERATOR_COLUMN), after)
         return self._columns
 
     def _recorded_few_rows_per_key(self, version: int) -> bool:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import pandas as pd
+import pytest
 from pyspark.sql.types import LongType, StructField, StructType, TimestampNTZType, TimestampType
 
 from buffering.spark._instants import instant_columns, mark_utc, micros, restore

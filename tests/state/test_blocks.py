@@ -19,7 +19,6 @@ from state.blocks import (
     gather_ranges,
     is_block_key,
     iter_entries,
-    key_group_ids,
     split_blocks,
 )
 
@@ -149,14 +148,6 @@ def test_iter_entries_expands_blocks_in_key_order(table):
 def test_a_block_gives_back_its_keys_byte_for_byte(keys):
     values = [bytes([i]) * i for i in range(len(keys))]
     assert decode_block(encode_block(keys, values)) == (keys, values)
-
-
-def test_key_group_ids_read_each_raw_keys_first_two_bytes_whatever_its_width():
-    keys = [b"\x00\x00\x01", b"\x7f\xff\x01abc", b"\x01\x00\x01" + bytes(8), b"\x00\xff\x01\x00\x00"]
-    assert key_group_ids(keys).tolist() == [int.from_bytes(k[:2], "big") for k in keys]
-    assert key_group_ids([]).tolist() == []
-    with pytest.raises(ValueError, match="shorter"):
-        key_group_ids([b"\x00\x01\x01", b"\x00"])
 
 
 @pytest.mark.parametrize("damaged", [b"", b"OPBK\x01", b"junk" * 10, encode_block([b"\x00\x01\x01a"], [b"v"])[:-1]])

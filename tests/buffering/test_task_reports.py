@@ -98,6 +98,22 @@ def test_rows_with_the_operator_column_go_to_the_instance_it_names(tmp_path):
     assert _instances_run(runner, 0, frame) == [(0, 2.0), (1, 1.0)]
 
 
+def test_a_chunk_of_one_instance_comes_whole_without_the_operator_column_and_with_a_fresh_index():
+    frame = pd.DataFrame({"k": [5, 6, 7], "v": [1, 2, 3], _task.OPERATOR_COLUMN: np.int32(2)}, index=[10, 11, 12])
+    ((index, part),) = _task._instance_parts(frame, partition_id=2)
+    assert index == 2
+    pd.testing.assert_frame_equal(part, pd.DataFrame({"k": [5, 6, 7], "v": [1, 2, 3]}))
+
+
+def test_a_chunk_of_several_instances_splits_into_their_rows_in_order_without_the_operator_column():
+    ops = np.array([1, 0, 1, 0], np.int32)
+    frame = pd.DataFrame({"k": [5, 6, 7, 8], "v": [1, 2, 3, 4], _task.OPERATOR_COLUMN: ops})
+    parts = dict(_task._instance_parts(frame, partition_id=0))
+    assert sorted(parts) == [0, 1]
+    pd.testing.assert_frame_equal(parts[0], pd.DataFrame({"k": [6, 8], "v": [2, 4]}))
+    pd.testing.assert_frame_equal(parts[1], pd.DataFrame({"k": [5, 7], "v": [1, 3]}))
+
+
 def test_the_next_task_in_the_same_worker_resumes_the_instance_it_handed_over(tmp_path):
     runner = _runner(tmp_path, parallelism=1)
     first = _run(runner, 0, 0, [1, 2])

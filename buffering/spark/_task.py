@@ -501,6 +501,13 @@ def _instance_parts(frame: pd.DataFrame, partition_id: int) -> Iterator[tuple[in
         yield int(index), frame.loc[ops == index].reset_index(drop=True)
 
 
+def run_streamed_task(plan: TaskPlan, batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    """:func:`run_task` as part of the streaming query's own plan, with the context the driver recorded for the batch."""
+    storage = _storage(plan)
+    context = recorded_context(storage, streaming_batch_id(storage, plan.batch_offset))
+    yield from run_task(plan, context, batches)
+
+
 # ---------------------------------------------------------------- hosted in Spark's stateful operator
 def streaming_batch_id(storage: CheckpointStorage, batch_offset: int = 0) -> int:
     """The version of the micro-batch this task belongs to (Spark's batch id + ``batch_offset``).

@@ -247,6 +247,8 @@ class StreamRunner:
         self.batch_offset = int(manifest.metadata.get(BATCH_OFFSET_FIELD, 0)) if manifest is not None else 0
         self.timeout_conf = timeout_conf(timeout)
         fields = [f.name for f in input_schema.fields]
+        if REPORT_COLUMN in fields:  # it marks a batch that holds the tasks' rows (see __call__)
+            raise ValueError(f"the DataFrame may not have a column of the reserved name {REPORT_COLUMN!r}")
         if event_time is not None and event_time not in fields:
             raise ValueError(f"event_time column {event_time!r} is not in the DataFrame (it has {fields})")
         if self.timeout_conf == GroupStateTimeout.EventTimeTimeout and event_time is None:
@@ -291,6 +293,11 @@ class StreamRunner:
                     f"and {list(self.spec.aggregations or ())} have no exact SQL twin here (placement={self.placement!r})"
                 )
             self.combine_before_shuffle, self.combine = False, "none"
+        # Without a combine before the shuffle every batch's plan is the same but for the batch's context, which
+        # the tasks can read from the batch record: the plan is then part of the streaming query, built once,
+        # instead of built by the driver for every batch while the cluster waits (a mapInPandas alone is about
+        # 35 Py4J calls, in benchmarks.windows 17-47 ms of each batch's plan).
+        self.streams_tasks = self.placement == "batch" and self.combine == "none"
         self._event_time_type = (
             next(f.dataType.typeName() for f in input_schema.fields if f.name == event_time) if event_time else None
         )
@@ -412,10 +419,10 @@ class StreamRunner:
             max_event = int(metadata.get("max_event_time_ms", NO_TIMESTAMP))
         watermark = watermark_for(max_event, self.watermark_delay_ms, self.event_time is not None)
         late = late_rows_watermark(watermark, metadata)
-        # Hosted tasks get no closure per batch: they read what they must decide alike from the record.
+        # Tasks in the streaming plan get no closure per batch: they read what they must decide alike from the record.
         decisions = (
             {"previous_version": previous, "watermark_ms": watermark, "late_watermark_ms": late}
-            if self.placement == "executor"
+            if self.placement == "executor" or self.streams_tasks
             else {}
         )
         context = BatchContext(version, previous, self._processing_time(version, **decisions), watermark, late)
@@ -499,11 +506,26 @@ class StreamRunner:
             frame = frame.withColumn(OPERATOR_COLUMN, self._plan_columns().operator)
         else:
             frame = self._rows_for_python(frame, with_operator=True)
+        return self._tasks(frame, functools.partial(_task.run_task, plan, context))
+
+    def streamed_tasks(self, df: Any) -> Any:
+        """:attr:`streams_tasks`: the streaming DataFrame whose micro-batches run the operator instances.
+
+        The plan of :meth:`plan_batch` without a combine, made once: each task
+        reads its batch's context from the batch record the driver writes before
+        the batch runs (see :meth:`context`).
+        """
+        assert self.streams_tasks
+        frame = self._rows_for_python(df, with_operator=True)
+        return self._tasks(frame, functools.partial(_task.run_streamed_task, self.plan))
+
+    def _tasks(self, frame: Any, function: Any) -> Any:
+        """``frame`` (rows with their OPERATOR_COLUMN) shuffled to the instances' tasks, which run ``function``."""
         # The column goes on to the tasks although partition i holds exactly instance i's rows: with a
         # projection between the shuffle and mapInPandas, Spark skips the Python task of an empty
         # partition, and every instance must run in every batch (its timers, its report).
         frame = frame.repartitionById(self.parallelism, OPERATOR_COLUMN)
-        return frame.mapInPandas(functools.partial(_task.run_task, plan, context), self._internal_schema)
+        return frame.mapInPandas(function, self._internal_schema)
 
     def _columns_read(self, fields: list[str]) -> Optional[list[str]]:
         """The input columns the Python side reads when it gets rows, or None when it may read all of them.
@@ -616,7 +638,9 @@ class StreamRunner:
         task_sink = self._task_sink
         if task_sink is not None:
             task_sink.prepare(version)  # a re-run of this batch id replaces what the earlier run wrote
-        if self.placement == "executor":
+        # A batch of the query run_stream started holds the tasks' rows already (streamed_tasks); a batch of
+        # input rows (a runner called by hand) gets its plan here.
+        if self.placement == "executor" or (self.streams_tasks and REPORT_COLUMN in batch_df.columns):
             self.storage.record_running_batch(version)  # for tasks without Spark's batch id (Connect)
             out = batch_df  # the operator instances run in the streaming plan when the batch is evaluated
         else:
@@ -1051,6 +1075,8 @@ def run_stream(
         partitions = stored or runner.parallelism
         stream = runner.hosted_stream(df, host_keys(spark, runner.parallelism, partitions))
         partitions = None if stored else partitions  # a new Spark checkpoint takes the conf at start
+    elif runner.streams_tasks:
+        stream = runner.streamed_tasks(df)
     writer = stream.writeStream.foreachBatch(runner).option("checkpointLocation", spark_checkpoint)
     if runner.placement == "executor":
         writer = writer.outputMode("update")

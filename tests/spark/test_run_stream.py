@@ -254,6 +254,29 @@ def test_an_unknown_placement_is_refused_naming_it(spark, input_dir, tmp_path):
         _run(spark, input_dir, tweet_stats, str(tmp_path / "ck"), placement="driver")
 
 
+def test_without_a_combine_the_tasks_are_planned_once_as_part_of_the_streaming_query(spark, input_dir, tmp_path, capsys):
+    decorated = buffering.cached_state(max_entries=16, store="rocksdb")(tweet_stats)
+    _, query = _run(spark, input_dir, decorated, str(tmp_path / "ck"))
+    assert len(query.batch_metrics) > 1
+    query.explain()  # the plan of the query's last micro-batch
+    assert "MapInPandas" in capsys.readouterr().out
+
+
+def test_with_spark_sqls_combine_each_batch_gets_a_plan_of_its_own(spark, input_dir, tmp_path, capsys):
+    operator = buffering.aggregate({"views": Count()})
+    _, query = _run(spark, input_dir, operator, str(tmp_path / "ck"), output_schema=None, combine_before_shuffle=True)
+    assert {m.combine for m in query.batch_metrics} == {"sql"}
+    query.explain()  # the query reads the rows; the driver plans their combine and the tasks per batch
+    assert "MapInPandas" not in capsys.readouterr().out
+
+
+def test_an_input_column_of_the_reserved_report_name_is_refused_naming_it(spark, tmp_path):
+    df = stream_of(spark, write_batches(str(tmp_path / "in"), views(1, 10, 5, 10, seed=5)), SCHEMA)
+    with pytest.raises(ValueError, match="may not have a column of the reserved name '__opbuffer_report'"):
+        run_stream(df.withColumn("__opbuffer_report", df["tweet"]), tweet_stats, key="tweet",
+                   output_schema=STATS_SCHEMA, checkpoint_location=str(tmp_path / "ck"), sink="noop")
+
+
 def test_a_memory_budget_grants_every_instance_its_bytes_in_the_batch_metrics(spark, input_dir, tmp_path):
     budget = 64 << 20
     decorated = buffering.cached_state(store="rocksdb")(tweet_stats)

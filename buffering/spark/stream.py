@@ -998,17 +998,19 @@ def run_stream(
             instance is one group of a Spark ``applyInPandasWithState`` (with empty
             Spark state), so Spark's state store coordinator keeps its task on the
             executor that ran it last, where its cache is warm; the combine before
-            the shuffle is the Python one. ``"batch"``: inside ``foreachBatch``, on
+            the shuffle is the Python one. ``"batch"``: in jobs of ``foreachBatch``, on
             whichever executor is free (an instance that lands elsewhere restores from
-            the checkpoint); the combine may run in Spark SQL. Default: what the
+            the checkpoint); the combine may run in Spark SQL. Without a combine the
+            tasks' plan is part of the streaming query (built once, not per batch).
+            Default: what the
             checkpoint was started with, else ``"executor"`` on a cluster and
             ``"batch"`` with a ``local`` master. Fixed for the life of a checkpoint,
             as Spark's own checkpoint holds the plan. With ``"executor"`` and a new
             Spark checkpoint, the query's shuffle partitions are set to
             ``parallelism`` (Spark keeps them with its checkpoint, for the sink's
             operations too). Under Spark Connect the jobs foreachBatch starts carry
-            no micro-batch id, so the hosted tasks read the batch the driver records
-            as running (``CheckpointStorage.record_running_batch``).
+            no micro-batch id, so tasks in the streaming plan read the batch the
+            driver records as running (``CheckpointStorage.record_running_batch``).
         time_mode: for a ``StatefulProcessor``: "None", "ProcessingTime" or "EventTime"
             (needs ``event_time``), as Spark's ``timeMode``; a processor takes no ``timeout``.
         initial_state: for a ``StatefulProcessor``: a static DataFrame (Spark or pandas) with

@@ -293,10 +293,11 @@ class StreamRunner:
                     f"and {list(self.spec.aggregations or ())} have no exact SQL twin here (placement={self.placement!r})"
                 )
             self.combine_before_shuffle, self.combine = False, "none"
-        # Without a combine before the shuffle every batch's plan is the same but for the batch's context, which
-        # the tasks can read from the batch record: the plan is then part of the streaming query, built once,
-        # instead of built by the driver for every batch while the cluster waits (a mapInPandas alone is about
-        # 35 Py4J calls, in benchmarks.windows 17-47 ms of each batch's plan).
+        #: Whether the operator tasks are part of the streaming query's plan (:meth:`streamed_tasks`). Without
+        #: a combine before the shuffle every batch's plan is the same but for the batch's context, which the
+        #: tasks can read from the batch record: the plan is then built once, not by the driver for every
+        #: batch while the cluster waits (a mapInPandas alone is about 35 Py4J calls; in benchmarks.windows a
+        #: batch's plan took 17-47 ms).
         self.streams_tasks = self.placement == "batch" and self.combine == "none"
         self._event_time_type = (
             next(f.dataType.typeName() for f in input_schema.fields if f.name == event_time) if event_time else None
@@ -1002,9 +1003,8 @@ def run_stream(
             whichever executor is free (an instance that lands elsewhere restores from
             the checkpoint); the combine may run in Spark SQL. Without a combine the
             tasks' plan is part of the streaming query (built once, not per batch).
-            Default: what the
-            checkpoint was started with, else ``"executor"`` on a cluster and
-            ``"batch"`` with a ``local`` master. Fixed for the life of a checkpoint,
+            Default: what the checkpoint was started with, else ``"executor"`` on a
+            cluster and ``"batch"`` with a ``local`` master. Fixed for the life of a checkpoint,
             as Spark's own checkpoint holds the plan. With ``"executor"`` and a new
             Spark checkpoint, the query's shuffle partitions are set to
             ``parallelism`` (Spark keeps them with its checkpoint, for the sink's

@@ -254,8 +254,7 @@ def combine_and_tag(plan: TaskPlan, host_keys: tuple[int, ...], batches: Iterato
     """
     from pyspark import TaskContext
 
-    storage = _storage(plan)
-    context = recorded_context(storage, streaming_batch_id(storage, plan.batch_offset))
+    context = streaming_batch_context(plan)
     keys = np.asarray(host_keys, dtype=np.int64)
     for frame in combine_partition(plan, context, batches):
         groups = key_groups_of(frame, plan.key_columns, plan.key_types, plan.max_parallelism)
@@ -503,8 +502,7 @@ def _instance_parts(frame: pd.DataFrame, partition_id: int) -> Iterator[tuple[in
 
 def run_streamed_task(plan: TaskPlan, batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
     """:func:`run_task` as part of the streaming query's own plan, with the context the driver recorded for the batch."""
-    storage = _storage(plan)
-    context = recorded_context(storage, streaming_batch_id(storage, plan.batch_offset))
+    context = streaming_batch_context(plan)
     yield from run_task(plan, context, batches)
 
 
@@ -528,6 +526,13 @@ def streaming_batch_id(storage: CheckpointStorage, batch_offset: int = 0) -> int
             f"no micro-batch id: no 'streaming.sql.batchId' task property and no running batch recorded in {storage!r}"
         )
     return running
+
+
+def streaming_batch_context(plan: TaskPlan) -> BatchContext:
+    """The context of the micro-batch this task belongs to, as the driver recorded it before the batch
+    ran: for tasks in the streaming query's own plan, which get no closure per batch."""
+    storage = _storage(plan)
+    return recorded_context(storage, streaming_batch_id(storage, plan.batch_offset))
 
 
 def recorded_context(storage: CheckpointStorage, version: int) -> BatchContext:
@@ -618,8 +623,7 @@ def host_instance(
     (a column with a null of its own stays as Spark hands it).
     """
     index = host_keys.index(int(key[0]))
-    storage = _storage(plan)
-    context = recorded_context(storage, streaming_batch_id(storage, plan.batch_offset))
+    context = streaming_batch_context(plan)
 
     def rows() -> Iterator[pd.DataFrame]:
         for frame in frames:

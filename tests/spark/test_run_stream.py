@@ -327,8 +327,9 @@ def test_rescale_2_to_5_to_3_gives_identical_results(spark, input_dir, stats_ref
     assert [s[0] for s in state["state"]] == latest_per_key(stats_reference, ["tweet"])["views"].tolist()
 
 
+@pytest.mark.parametrize("placement", ["batch", "executor"])  # both run their tasks in the streaming plan
 def test_a_batch_whose_running_record_cannot_be_written_commits_nothing_and_a_restart_completes_it(
-    spark, input_dir, stats_reference, tmp_path, monkeypatch
+    spark, input_dir, stats_reference, tmp_path, monkeypatch, placement
 ):
     from checkpoint import CheckpointStorage
 
@@ -348,7 +349,7 @@ def test_a_batch_whose_running_record_cannot_be_written_commits_nothing_and_a_re
     def start():
         return run_stream(
             stream_of(spark, input_dir, SCHEMA), decorated, key="tweet", output_schema=STATS_SCHEMA,
-            checkpoint_location=checkpoint, sink=collect_sink(out), trigger={"availableNow": True}, placement="executor",
+            checkpoint_location=checkpoint, sink=collect_sink(out), trigger={"availableNow": True}, placement=placement,
         )
 
     with pytest.raises(Exception, match="running-batch record cannot be written"):

@@ -113,6 +113,11 @@ class BatchMetrics:
     batch_id: int
     rows_in: int = 0
     rows_out: int = 0
+    #: Wall time from Spark's call of the query's batch function to the commit: the operator's
+    #: tasks, the sink and the commit. Spark's own work on the batch before that call is not in
+    #: it: its offset log, and its planning of the batch, which covers the tasks' plan when they
+    #: are part of the streaming plan (batch placement without a combine: functions, processors,
+    #: ``combine_before_shuffle=False``). The query's progress (``durationMs``) has the whole trigger.
     seconds: float = 0.0
     tasks: int = 0
     flushes: int = 0

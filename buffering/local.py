@@ -40,6 +40,7 @@ from .protocol import (
     commit_metadata,
     drop_late_rows,
     late_rows_watermark,
+    no_data_timeout,
     state_key_columns,
     watermark_for,
 )
@@ -225,6 +226,8 @@ class LocalRunner:
         self._max_event_time_ms = NO_TIMESTAMP
         self._manifest: Optional[Manifest] = None
         self._instances: Optional[list[OperatorInstance]] = None
+        # An empty batch before the key types are known starts no instances, but it is a batch.
+        self._processed_empty_batch = False
         self._closed = False
         self.last_batch_stats: dict[str, Any] = {}
         if self._private_dir is None:
@@ -292,10 +295,36 @@ class LocalRunner:
         if self._instances is None:
             if self.key_types is None:
                 if not len(pdf):
+                    self._processed_empty_batch = True  # state() is the empty state from now on
                     return pdf.iloc[0:0]  # an empty batch says nothing of the key types: wait for rows
                 self.key_types = tuple(spark_type_of(pdf[c].dtype) for c in self.key_columns)
             self._start_instances()
         return self._run_or_roll_back(pdf)
+
+    def idle(self, ms: int = 0) -> pd.DataFrame:
+        """A trigger that finds no new rows: move processing time by ``ms`` and run the batch without
+        data that Spark would run now; return its output (empty when Spark runs none).
+
+        Spark runs one for an operator that asks (:func:`buffering.protocol.no_data_timeout`):
+        with a processing-time timeout at every trigger, with an event-time timeout,
+        ``EventTime`` processor or windowed aggregate when the watermark moved since
+        the last batch ran. So ``process(rows)`` then ``idle()`` is one scheduled
+        ``availableNow`` run over a file's rows, and ``idle(ms)`` a live stream's
+        trigger between bursts.
+        """
+        from state.group_state import GroupStateTimeout
+
+        if ms < 0:
+            raise ValueError(f"time only moves forward, got idle({ms!r})")
+        timeout = no_data_timeout(self.spec, self.timeout_conf, self.event_time)
+        due = timeout == GroupStateTimeout.ProcessingTimeTimeout
+        if timeout == GroupStateTimeout.EventTimeTimeout and self._manifest is not None:
+            ran_with = int(self._manifest.metadata.get(WATERMARK_FIELD, self.watermark_ms))
+            due = self.watermark_ms > ran_with
+        if not due:
+            self._time_offset_ms += int(ms)
+            return pd.DataFrame()
+        return self.advance_time(ms)
 
     def advance_time(self, ms: int) -> pd.DataFrame:
         """Move processing time forward by ``ms`` and run an empty batch: time triggers and timeouts fire."""
@@ -434,8 +463,14 @@ class LocalRunner:
         """Hook between the task files and the manifest (tests inject crashes here)."""
 
     # ------------------------------------------------------------ inspection
+    def _no_state_yet(self) -> bool:
+        """Only empty batches so far: no instance (the key types are unknown) and no state."""
+        return self._instances is None and self.key_types is None and self._processed_empty_batch
+
     def state(self) -> dict[tuple, Any]:
-        """Every key's state across instances (keys as tuples)."""
+        """Every key's state across instances (keys as tuples); RuntimeError before any batch."""
+        if self._no_state_yet():
+            return {}
         out: dict[tuple, Any] = {}
         for instance in self.instances:
             out.update(instance.state_items())
@@ -444,6 +479,8 @@ class LocalRunner:
     def get_state(self, key: Any) -> Any:
         """The state of one key (None when it has none), from whichever instance owns it."""
         nkey = normalize_key(key)
+        if self._no_state_yet():
+            return None
         for instance in self.instances:
             value = instance.state.get(nkey)
             if value is not None:

@@ -27,7 +27,7 @@ from state import MemoryStore, RocksDBStore, Store, WriteBackCache, key_group_ra
 from state.blocks import KeyGroupCache, holds_per_key_records, split_blocks
 from state.cache import CacheManager
 from state.group_state import NO_TIMESTAMP, GroupState, GroupStateTimeout
-from state.keys import NormalizedKey, key_column_values, normalize_key
+from state.keys import NormalizedKey, denormalize_key, key_column_values, normalize_key
 from state.locks import FileLock, directory_lock
 from state.raw import RawTable
 from state.state_schema import StateSchema
@@ -39,6 +39,7 @@ from .buffer import MiniBatchBuffer, RowPartials
 from .frames import FrameCollector
 from .protocol import call_function, spark_key_function
 from .decorators import OperatorSpec
+from .errors import annotate
 from .processor import ProcessorRuntime
 from .windows import WindowRuntime, check_window_columns
 
@@ -121,6 +122,10 @@ class RunnerSettings(Protocol):
 CACHE_COUNTERS = ("hits", "misses", "evictions", "syncs", "writes")
 
 
+#: No key (yet): a failure before the first call, or of a call of no key.
+_NO_KEY = object()
+
+
 def _late_rows(watermark_ms: int, late_watermark_ms: Optional[int]) -> int:
     """The watermark a windowed aggregate drops closed windows' rows by: the late-rows one, else the batch's."""
     return watermark_ms if late_watermark_ms is None else late_watermark_ms
@@ -162,7 +167,7 @@ class OperatorInstance:
                 the operator's ``cached_state(path=)`` or a new temporary directory).
             fresh: rebuild the working store (True), or keep what ``workdir`` holds to adopt it.
         """
-        return cls(
+        instance = cls(
             runner.spec,
             key_columns=runner.key_columns,
             key_types=runner.key_types,
@@ -178,6 +183,11 @@ class OperatorInstance:
             state_schema=runner.state_schema,
             event_time=runner.event_time,
         )
+        try:
+            instance._runner = weakref.ref(runner)  # asked for the running batch's version (see _running_batch)
+        except TypeError:  # settings that take no weak reference: errors name no batch
+            pass
+        return instance
 
     def __init__(
         self,
@@ -219,6 +229,10 @@ class OperatorInstance:
         self.watermark_present = watermark_present
         self.storage = storage
         self.metrics = InstanceMetrics()
+        #: The version of the batch running, named by the errors of the user's code (see :meth:`_failed`);
+        #: set by the runner (a Spark task). None: the LocalRunner that built the instance is asked.
+        self.batch: Optional[int] = None
+        self._runner: Optional[weakref.ref] = None
         config = spec.state
         self.ttl_ms: Optional[int] = config.ttl_ms
         # aggregate() accumulators kept as columns (None: as objects, for aggregations without a column form)
@@ -731,8 +745,13 @@ class OperatorInstance:
         values = self._visible(keys, values, processing_time_ms)
         outputs = FrameCollector()
         call = self._call
-        for nkey, rows, value in zip(keys, frames, values):
-            outputs.add(call(nkey, rows, value, False, processing_time_ms, watermark_ms))
+        nkey: Any = _NO_KEY
+        try:
+            for nkey, rows, value in zip(keys, frames, values):
+                outputs.add(call(nkey, rows, value, False, processing_time_ms, watermark_ms))
+        except Exception as exc:
+            self._failed(exc, "data", nkey)
+            raise
         self._apply_expiry_changes()
         joined = outputs.frames()
         self.metrics.rows_out += sum(len(frame) for frame in joined)  # a few joined frames, not one per call
@@ -874,12 +893,16 @@ class OperatorInstance:
     ) -> list[pd.DataFrame]:
         runtime = self._processor_at(processing_time_ms, watermark_ms)
         outputs = FrameCollector()
-        for nkey, rows in items:
-            frames = runtime.handle_rows(nkey, rows)
-            self.metrics.calls += 1
-            for frame in frames:
-                self.metrics.rows_out += len(frame)
-            outputs.add(frames)
+        try:
+            for nkey, rows in items:
+                frames = runtime.handle_rows(nkey, rows)
+                self.metrics.calls += 1
+                for frame in frames:
+                    self.metrics.rows_out += len(frame)
+                outputs.add(frames)
+        except Exception as exc:
+            self._failed(exc, "data", runtime.nkey)
+            raise
         return outputs.frames()
 
     def apply_initial_state(self, frame: pd.DataFrame, processing_time_ms: int, watermark_ms: int) -> None:
@@ -890,14 +913,22 @@ class OperatorInstance:
         if not len(frame):
             return
         by = self.key_columns if len(self.key_columns) > 1 else self.key_columns[0]
-        for key, rows in frame.groupby(by, sort=False, dropna=False):
-            runtime.handle_initial_state(normalize_key(key), rows.reset_index(drop=True))
+        try:
+            for key, rows in frame.groupby(by, sort=False, dropna=False):
+                runtime.handle_initial_state(normalize_key(key), rows.reset_index(drop=True))
+        except Exception as exc:
+            self._failed(exc, "initial state", runtime.nkey)
+            raise
 
     def _fire_processor_timers(self, processing_time_ms: int, watermark_ms: int) -> list[pd.DataFrame]:
         """``handleExpiredTimer`` for every due timer of the processor."""
         runtime = self._processor_at(processing_time_ms, watermark_ms)
         fired = runtime.fired
-        outputs = runtime.fire_timers()
+        try:
+            outputs = runtime.fire_timers()
+        except Exception as exc:
+            self._failed(exc, "timer", runtime.nkey)
+            raise
         self.metrics.timeouts += runtime.fired - fired
         for frame in outputs:
             self.metrics.rows_out += len(frame)
@@ -923,13 +954,39 @@ class OperatorInstance:
             due = self.timers.due(threshold)
         keys = [nkey for _, nkey in due]
         values = self._visible(keys, self.state.get_many(keys), processing_time_ms)
-        for nkey, value in zip(keys, values):
-            self.metrics.timeouts += 1
-            frames = self._call(nkey, None, value, True, processing_time_ms, watermark_ms)
-            self.metrics.rows_out += sum(len(frame) for frame in frames)
-            outputs.extend(frames)
+        nkey: Any = _NO_KEY
+        try:
+            for nkey, value in zip(keys, values):
+                self.metrics.timeouts += 1
+                frames = self._call(nkey, None, value, True, processing_time_ms, watermark_ms)
+                self.metrics.rows_out += sum(len(frame) for frame in frames)
+                outputs.extend(frames)
+        except Exception as exc:
+            self._failed(exc, "timeout", nkey)
+            raise
         self._apply_expiry_changes()
         return outputs
+
+    def _failed(self, exc: BaseException, call: str, nkey: Any = _NO_KEY) -> None:
+        """In the except branch around the user's calls: ``exc`` names ``call``, the key ``nkey`` (as the
+        user's code sees it, in plain Python; none: a call of no key) and the batch (see :mod:`buffering.errors`)."""
+        batch = self._running_batch()
+        if nkey is _NO_KEY:
+            annotate(exc, call, batch=batch)
+        else:
+            annotate(exc, call, denormalize_key(nkey), batch)
+
+    def _running_batch(self) -> Optional[int]:
+        """The version of the batch running: :attr:`batch`, else the one the LocalRunner that built this
+        instance is running (None when unknown)."""
+        if self.batch is not None:
+            return self.batch
+        runner = self._runner() if self._runner is not None else None
+        next_version = getattr(runner, "_next_version", None)
+        try:
+            return int(next_version()) if callable(next_version) else None
+        except Exception:  # noqa: BLE001 - only to name it in an error
+            return None
 
     def _call(
         self,
@@ -1026,7 +1083,11 @@ class OperatorInstance:
             if not self.suspended:
                 if self.processor is not None:
                     self._flush_caches()
-                    self.processor.close()
+                    try:
+                        self.processor.close()
+                    except Exception as exc:
+                        annotate(exc, "close")  # between batches: it names none
+                        raise
                 if self.cache is not None:
                     self.cache.close()  # flushes and closes the root store's table
         finally:

@@ -56,6 +56,7 @@ from state.ttl import OrderedExpiryIndex
 from state.group_state import NO_TIMESTAMP, GroupStateTimeout
 from state.keys import NormalizedKey, decode_key, denormalize_key, encode_key, key_columns, normalize_key
 
+from .errors import annotate
 from .protocol import output_frames, spark_key
 
 #: Elements per ListState chunk: an append rewrites one chunk, a get reads len/64 + 1 entries.
@@ -479,9 +480,47 @@ class ProcessorHandle(StatefulProcessorHandle):
         return iter(self._runtime.timers.list(self._runtime.nkey))
 
     def deleteIfExists(self, stateName: str) -> None:
+        """Delete the state variable ``stateName`` with every key's values, as Spark drops its column family.
+
+        As under Spark, a variable deleted in ``init`` fails every later use with
+        Spark's ``PySparkRuntimeError`` (e.g. "Error checking value state exists");
+        ``getValueState``/``getListState``/``getMapState`` in ``init`` make it anew.
+        """
         variable = self._runtime.variables.get(stateName)
         if variable is not None:
-            variable.purge()
+            variable.purge()  # it stays among the variables: its deletions reach the next checkpoint
+            if self._runtime._in_init:  # Spark calls init again in every batch: a later call recreates it
+                _mark_deleted(variable)
+
+
+#: Spark's error text per method of a deleted variable (its state clients' messages, kind by kind).
+_DELETED_ERRORS = {
+    "value": {"exists": "Error checking value state exists", "get": "Error getting value state",
+              "update": "Error updating value state", "clear": "Error clearing value state"},
+    "list": {"exists": "Error checking value state exists", "get": "Error getting list state",
+             "put": "Error updating value state", "appendValue": "Error updating value state",
+             "appendList": "Error updating value state", "clear": "Error clearing value state"},
+    "map": {"exists": "Error checking map state exists", "getValue": "Error getting value",
+            "containsKey": "Error checking map state contains key", "updateValue": "Error updating map state value",
+            "iterator": "Error getting map state iterator", "keys": "Error getting map state keys",
+            "values": "Error getting map state values", "removeKey": "Error removing key from map state",
+            "clear": "Error clearing map state"},
+}
+
+
+def _mark_deleted(variable: "_Variable") -> None:
+    """Make each public method of ``variable`` raise Spark's error (instance attributes: live variables pay nothing)."""
+    from pyspark.errors import PySparkRuntimeError
+
+    variable.deleted = True  # type: ignore[attr-defined]
+    for method, text in _DELETED_ERRORS[variable.kind].items():
+        def deleted(*args: Any, _text: str = text, **kwargs: Any) -> Any:
+            raise PySparkRuntimeError(
+                f"{_text}: state variable {variable.name!r} was deleted by deleteIfExists "
+                "(its column family does not exist)"
+            )
+
+        setattr(variable, method, deleted)
 
 
 class ProcessorTimers:
@@ -596,6 +635,9 @@ class ProcessorRuntime:
             self._initialized = self._in_init = True
             try:
                 self.processor.init(ProcessorHandle(self))
+            except Exception as exc:
+                annotate(exc, "init")  # the batch is named by the runner that started the instance
+                raise
             finally:
                 self._in_init = False
         return dict(self._tables)
@@ -605,6 +647,8 @@ class ProcessorRuntime:
         if not isinstance(name, str) or not name:
             raise ValueError(f"a state variable needs a non-empty name, got {name!r}")
         existing = self.variables.get(name)
+        if existing is not None and getattr(existing, "deleted", False) and self._in_init:
+            existing = None  # made anew after deleteIfExists, as Spark creates the column family again
         if existing is not None:
             if type(existing) is not cls:
                 raise ValueError(f"state variable {name!r} is a {existing.kind} state, not a {cls.kind} state")

@@ -130,6 +130,27 @@ def watermark_for(max_event_time_ms: int, delay_ms: float, has_event_time: bool)
     return max(0, int(max_event_time_ms - delay_ms))
 
 
+def no_data_timeout(spec: Any, timeout_conf: str, event_time: Optional[str]) -> str:
+    """The GroupStateTimeout for which Spark runs an operator's batches without data.
+
+    Spark runs a batch without data for a stateful operator that asks: with a
+    processing-time timeout (a processor's ``ProcessingTime`` mode) at every
+    trigger; with an event-time timeout (``EventTime`` mode, a windowed
+    aggregate that closes windows by the watermark) after a batch that moved the
+    watermark. Such a batch fires timeouts and timers, closes windows and moves
+    the late-row watermark before any later row is seen. ``NoTimeout``: never.
+    """
+    from state.group_state import GroupStateTimeout
+
+    if timeout_conf == GroupStateTimeout.ProcessingTimeTimeout:
+        return GroupStateTimeout.ProcessingTimeTimeout
+    if event_time is not None and (
+        timeout_conf == GroupStateTimeout.EventTimeTimeout or getattr(spec, "window", None) is not None
+    ):
+        return GroupStateTimeout.EventTimeTimeout
+    return GroupStateTimeout.NoTimeout
+
+
 #: Commit metadata: the event-time watermark a batch ran with (the next batch's watermark for late rows).
 WATERMARK_FIELD = "watermark_ms"
 

@@ -9,6 +9,7 @@ Layout of a checkpoint location::
     metrics/v0000000007.json       what batch 7 did (a runner's batch metrics), written after it committed
     data/v0000000007-<task>-<attempt>.ckpt   task files (one per operator instance, version, attempt)
     data/v0000000007-<task>-<attempt>.kg<lo>-<hi>.t<i>.sst   SST files a task file's snapshots reference
+    initial_state/part-00003-<attempt>.arrow   a processor's initial state for operator instance 3 (Spark runner)
 
 A version exists only once its manifest exists. A manifest is written to a
 temporary name and renamed (local: ``os.replace`` after ``fsync``; fsspec:
@@ -771,6 +772,22 @@ class CheckpointStorage:
 
     def open_read(self, rel: str) -> IO[bytes]:
         return self._fs.open_read(rel)
+
+    def open_new_file(self, rel: str) -> Any:
+        """:meth:`open_write` for a file of any size under a directory created first if missing.
+
+        Name it uniquely (one name per attempt, as task files): it is written in
+        place, not renamed, so a reader must only look at it once its writer has
+        said it is complete (e.g. in a report the driver collected).
+        """
+        directory = rel.rsplit("/", 1)[0] if "/" in rel else ""
+        if directory:
+            self._fs.makedirs(directory)
+        return self._fs.open_write(rel)
+
+    def files_in(self, directory: str) -> list[str]:
+        """The names under ``directory`` as relative paths (sorted); none when it does not exist."""
+        return sorted(f"{directory}/{name}" for name in self._fs.listdir(directory))
 
     def write_small_file(self, rel: str, data: bytes) -> None:
         """Write (or replace) a small file atomically: a temporary name, then a rename."""

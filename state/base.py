@@ -49,6 +49,52 @@ class StoreLockedError(StoreError):
     """The store's files are held by another process (or another open store)."""
 
 
+class StateSerializationError(StoreError, TypeError):
+    """A state value could not be serialized for its store.
+
+    The message names the key (as ``store.items()`` gives it) and the store with its
+    table; ``__cause__`` is the serializer's own exception. A TypeError too, as
+    pickle's own error is, so handlers of that still catch it. Nothing of the
+    failing write reached the store (a cache keeps the entry cached and dirty).
+    """
+
+
+def _short_repr(value: Any, limit: int = 200) -> str:
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - an error message must not fail on the value's repr
+        return f"<{type(value).__name__} object>"
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def unserializable_value_error(store: "Store", nkey: NormalizedKey, value: Any, exc: BaseException) -> StateSerializationError:
+    """The error for ``value`` of ``nkey`` that ``store.serializer`` failed on with ``exc`` (raise it ``from exc``)."""
+    return StateSerializationError(
+        f"cannot serialize the state of key {denormalize_key(nkey)!r} "
+        f"({type(value).__name__} value {_short_repr(value)}) for {store!r}: {exc}"
+    )
+
+
+def serialization_error(
+    store: "Store", items: Iterable[tuple[NormalizedKey, Any]], exc: BaseException
+) -> StateSerializationError:
+    """The error for a batch of ``(nkey, value)`` pairs (MISSING: a delete) whose serialization raised ``exc``.
+
+    Only once a batch failed: serializes its values again one by one to name the first
+    key that fails (raise the result ``from exc``). ``items`` must be the batch itself
+    (a list or tuple), not a spent iterator.
+    """
+    dumps = store.serializer.dumps
+    for nkey, value in items:
+        if value is MISSING:
+            continue
+        try:
+            dumps(value)
+        except Exception:  # noqa: BLE001 - the batch's own exception is the cause
+            return unserializable_value_error(store, nkey, value, exc)
+    return StateSerializationError(f"cannot serialize a state value for {store!r}: {exc}")
+
+
 class Store(ABC):
     """A dict-like keyed store of one named table.
 

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple,
 
 import numpy as np
 
-from .base import MISSING, Store, StoreClosedError
+from .base import MISSING, Store, StoreClosedError, serialization_error
 from .cache.malloc import pin_mmap_threshold, release_free_memory
 from .cache.writeback import check_size, check_watermarks
 from .keys import NormalizedKey, decode_key, normalize_keys
@@ -871,7 +871,12 @@ class KeyGroupCache(Store):
 
     def _write(self, items: Iterable[tuple[NormalizedKey, Any]]) -> None:
         dumps = self.serializer.dumps
-        self._write_serialized([(k, None if v is MISSING else dumps(v)) for k, v in items])
+        try:
+            serialized = [(k, None if v is MISSING else dumps(v)) for k, v in items]
+        except Exception as exc:
+            # Every value is serialized before anything is written: a failure writes nothing.
+            raise serialization_error(self, items, exc) from exc
+        self._write_serialized(serialized)
 
     def _write_serialized(self, items: Iterable[tuple[NormalizedKey, Optional[bytes]]]) -> None:
         nkeys: list[NormalizedKey] = []

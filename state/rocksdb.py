@@ -33,7 +33,7 @@ from rocksdict import (
     WriteOptions,
 )
 
-from .base import MISSING, Store, StoreClosedError, StoreError, StoreLockedError
+from .base import MISSING, Store, StoreClosedError, StoreError, StoreLockedError, serialization_error
 from .raw import KEY_GROUP_BYTES, fixed_width_cuts
 from .keygroups import DEFAULT_MAX_PARALLELISM, key_group_from_hash
 from .keys import (
@@ -454,7 +454,12 @@ class RocksDBStore(Store):
 
     def _write(self, items: Iterable[tuple[NormalizedKey, Any]]) -> None:
         dumps = self.serializer.dumps
-        self._write_serialized([(k, None if v is MISSING else dumps(v)) for k, v in items])
+        try:
+            serialized = [(k, None if v is MISSING else dumps(v)) for k, v in items]
+        except Exception as exc:
+            # Every value is serialized before anything is written: a failure writes nothing.
+            raise serialization_error(self, items, exc) from exc
+        self._write_serialized(serialized)
 
     def _write_serialized(self, items: Iterable[tuple[NormalizedKey, bytes | None]]) -> None:
         # Two lists rather than a list of pairs: a flush of thousands of entries then allocates no
@@ -517,8 +522,13 @@ class RocksDBStore(Store):
         return default if raw is None else self.serializer.loads(raw)
 
     def put(self, key: Any, value: Any) -> None:
-        raw_key = self._encode(normalize_key(key))
-        self._cf.put(raw_key, self.serializer.dumps(value))
+        nkey = normalize_key(key)
+        raw_key = self._encode(nkey)
+        try:
+            raw_value = self.serializer.dumps(value)
+        except Exception as exc:
+            raise serialization_error(self, ((nkey, value),), exc) from exc
+        self._cf.put(raw_key, raw_value)
         if self._changed is not None:
             self._changed.add(raw_key)
 

@@ -140,7 +140,11 @@ class PackedAccumulator(bytes):
     __hash__ = bytes.__hash__
 
     def __repr__(self) -> str:
-        return f"PackedAccumulator({self.as_dict()!r})"
+        return f"PackedAccumulator({self.as_dict()!r})"  # decoded only here, when shown
+
+    # bytes' own __str__ is its repr of the bytes, not this class's __repr__: print(acc), str(acc)
+    # and f"{acc}" would show the pickle image.
+    __str__ = __repr__
 
 
 # ---------------------------------------------------------------- vectorized byte helpers

@@ -32,13 +32,14 @@ from ..aggregations.columnar import ColumnarLayout
 from ..aggregations.engine import _check_columns
 from ..buffer import KeyedBlock, factorize_keys
 from ..decorators import OperatorSpec
+from ..errors import task_error
 from ..frames import concat_frames
 from ..local import key_groups_of
 from ..operator import CACHE_COUNTERS, OperatorInstance
 from .. import protocol
 from ..protocol import event_time_ms
 from ..windows import WINDOW_START
-from . import _gc, _instants, _workers
+from . import _gc, _initial_state, _instants, _workers
 from ._sql_combine import SqlPartial
 from ._sql_combine import accumulators as sql_accumulators
 from ._sql_combine import columns as sql_columns
@@ -99,7 +100,8 @@ class TaskPlan:
     #: Spark's micro-batch ``b`` writes version ``b + batch_offset`` (not 0 for an imported checkpoint,
     #: see ``StreamRunner.batch_offset``).
     batch_offset: int = 0
-    #: A processor's initial state (pandas), applied to each instance before the first version.
+    #: A processor's initial state, applied to each instance before the first version: where each instance's
+    #: rows wait in the checkpoint storage (an ``_initial_state.InitialStateFiles``), never the rows themselves.
     initial_state: Any = field(default=None, repr=False)
     #: The input's TIMESTAMP columns: they reach the tasks as epoch microseconds and are turned back
     #: into naive UTC timestamps before anything reads them (see _instants).
@@ -343,6 +345,13 @@ def run_task(
     try:
         yield from _run_task(plan, context, batches, partition_id, instances)
         completed = True
+    except Exception as exc:
+        # The user's code failed: an error whose message names the key, the call and the batch, and
+        # carries them to the driver (see buffering.errors); the user's exception is its cause.
+        error = task_error(exc, context.version)
+        if error is None:
+            raise
+        raise error from exc
     finally:
         if not completed:
             for index in instances:
@@ -368,11 +377,14 @@ def _run_task(
         instance = instances.get(index)
         if instance is None:
             instance, starts[index] = _workers.instance_for(plan, storage, index, context)
+            instance.batch = context.version  # named by the errors of the user's code
             instances[index] = instance
             before[index] = _counters(instance)[0]
             if plan.initial_state is not None and context.previous_version is None:
                 instance.apply_initial_state(
-                    _rows_of_instance(plan, plan.initial_state, index), context.processing_time_ms, context.watermark_ms
+                    _initial_state.instance_rows(storage, plan.initial_state, index, plan.parallelism),
+                    context.processing_time_ms,
+                    context.watermark_ms,
                 )
         return instance
 
@@ -507,6 +519,13 @@ def run_streamed_task(plan: TaskPlan, batches: Iterator[pd.DataFrame]) -> Iterat
 
 
 # ---------------------------------------------------------------- hosted in Spark's stateful operator
+def run_without_rows(plan: TaskPlan, context: BatchContext, batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    """One instance's batch without input rows (a batch without data): partition i of a range runs instance i."""
+    for _ in batches:
+        pass
+    yield from run_task(plan, context, iter(()))
+
+
 def streaming_batch_id(storage: CheckpointStorage, batch_offset: int = 0) -> int:
     """The version of the micro-batch this task belongs to (Spark's batch id + ``batch_offset``).
 
@@ -555,6 +574,20 @@ def recorded_context(storage: CheckpointStorage, version: int) -> BatchContext:
     )
 
 
+#: The watermarked copy of the event time run_stream adds for Spark's batches without data (StreamRunner.watermarked).
+WATERMARK_COLUMN = "__opbuffer_event_time"
+
+
+def no_data_marker(key: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
+    """The function of the branch that makes Spark run batches without data (StreamRunner.with_batches_without_data).
+
+    It never gets a row and holds no state: Spark calls nothing in it.
+    """
+    for _ in frames:
+        pass
+    return iter(())
+
+
 def tag_partition(host_keys: tuple[int, ...], output_schema: Any, batches: Iterator[Any]) -> Iterator[Any]:
     """Before the hosting operator (Arrow batches in and out): each row's HOST_COLUMN, plus heartbeats.
 
@@ -571,6 +604,9 @@ def tag_partition(host_keys: tuple[int, ...], output_schema: Any, batches: Itera
     schema = None
     for batch in batches:
         ops = batch.column(batch.schema.get_field_index(OPERATOR_COLUMN)).to_numpy(zero_copy_only=False)
+        mark = batch.schema.get_field_index(WATERMARK_COLUMN)
+        if mark >= 0:  # Spark's late-row filter before the hosting operator must keep every row (see hosted_stream)
+            batch = batch.set_column(mark, batch.schema.field(mark), pa.nulls(len(batch), batch.schema.field(mark).type))
         tagged = batch.append_column(HOST_COLUMN, pa.array(keys[ops], pa.int64()))
         tagged = tagged.append_column(HEARTBEAT_COLUMN, pa.array(np.zeros(len(ops), dtype=bool)))
         schema = tagged.schema
@@ -606,6 +642,7 @@ def host_instance(
     plan: TaskPlan,
     host_keys: tuple[int, ...],
     dtypes: tuple[tuple[str, str], ...],
+    timeout: str,
     key: tuple[Any, ...],
     frames: Iterator[pd.DataFrame],
     state: Any,
@@ -620,7 +657,8 @@ def host_instance(
     ``dtypes``: the integer and boolean columns with their numpy dtypes. A chunk
     that held a heartbeat row (nulls) reaches pandas as float or object; without
     the heartbeat it gets its own dtypes back, as fn would see them under Spark
-    (a column with a null of its own stays as Spark hands it).
+    (a column with a null of its own stays as Spark hands it). ``timeout``: the
+    hosting operator's GroupStateTimeout (see StreamRunner.hosted_stream).
     """
     index = host_keys.index(int(key[0]))
     context = streaming_batch_context(plan)
@@ -635,9 +673,29 @@ def host_instance(
                 frame = frame.astype(
                     {name: dtype for name, dtype in dtypes if frame[name].dtype != dtype and frame[name].notna().all()}
                 )
-            yield frame.drop(columns=[HOST_COLUMN, HEARTBEAT_COLUMN, OPERATOR_COLUMN])
+            yield frame.drop(columns=[HOST_COLUMN, HEARTBEAT_COLUMN, OPERATOR_COLUMN, WATERMARK_COLUMN], errors="ignore")
 
     yield from run_task(plan, context, rows(), partition_id=index)
+    _call_again_without_data(state, timeout)
+
+
+def _call_again_without_data(state: Any, timeout: str) -> None:
+    """Have Spark call this host in the next batch without data too (a timeout of the hosting operator).
+
+    A batch without data holds no rows, so no heartbeat: the host's group is
+    called only if its own timeout is due. Processing time: due at the next
+    trigger; event time: due once the watermark moves past the current one,
+    which is when Spark runs such a batch.
+    """
+    from state.group_state import GroupStateTimeout
+
+    if timeout == GroupStateTimeout.NoTimeout:
+        return
+    state.update((0,))
+    if timeout == GroupStateTimeout.ProcessingTimeTimeout:
+        state.setTimeoutDuration(1)
+    else:
+        state.setTimeoutTimestamp(max(1, int(state.getCurrentWatermarkMs())))
 
 
 def _keyed_block(layout: ColumnarLayout, parts: list[pd.DataFrame], key_columns: list[str]) -> KeyedBlock:
@@ -673,12 +731,3 @@ def _normalized_keys(frame: pd.DataFrame, key_columns: list[str]) -> list[Any]:
     if len(key_columns) == 1:
         return [normalize_key(v) for v in columns[0].tolist()]
     return [normalize_key(tuple(row)) for row in frame[key_columns].itertuples(index=False, name=None)]
-
-
-def _rows_of_instance(plan: TaskPlan, frame: pd.DataFrame, index: int) -> pd.DataFrame:
-    """The rows of ``frame`` whose keys instance ``index`` owns."""
-    if not len(frame):
-        return frame
-    groups = key_groups_of(frame, plan.key_columns, plan.key_types, plan.max_parallelism)
-    owners = operator_indexes(groups, plan.parallelism, plan.max_parallelism)
-    return frame.loc[owners == index].reset_index(drop=True)

@@ -116,7 +116,8 @@ def _write_instances(settings: _ImportSettings, batches: Iterator[Any]) -> Itera
         timers = instance.tables[TIMERS_TABLE]
         n_keys = len(settings.key_columns)
         for batch in batches:
-            columns = [batch.column(i).to_pylist() for i in range(batch.num_columns)]
+            # Maps as dicts (Arrow's default is a list of pairs): the state schema reads them as Spark hands them.
+            columns = [batch.column(i).to_pylist(maps_as_pydicts="strict") for i in range(batch.num_columns)]
             keys = [normalize_key(k) for k in zip(*columns[:n_keys])]
             values = columns[n_keys : n_keys + settings.state_fields]
             timeouts = columns[-1]
@@ -124,7 +125,9 @@ def _write_instances(settings: _ImportSettings, batches: Iterator[Any]) -> Itera
             put = []
             for i, nkey in enumerate(keys):
                 if present[i]:
-                    put.append((nkey, tuple(_python_value(column[i]) for column in values)))
+                    value = tuple(_python_value(column[i]) for column in values)
+                    # Arrow hands structs as dicts: stored as Spark reads them back (Rows).
+                    put.append((nkey, settings.state_schema.convert(value) if settings.state_schema is not None else value))
             if put:
                 states.put_many(put)
                 if instance.ttl is not None:  # cached_state(ttl_ms=): each key's TTL starts at the import
@@ -180,7 +183,10 @@ def _function_import(
     columns.append((F.col("value.timeoutTimestamp") if timed else F.lit(NO_TIMESTAMP)).cast("long").alias(_TIMEOUT))
     ttl_ms = common.pop("ttl_ms", None)
     spec = OperatorSpec(function=None, state=StateConfig(ttl_ms=ttl_ms))  # validates ttl_ms
-    settings = _ImportSettings(key_columns=spark_key, key_types=key_types, state_fields=len(state_names), spec=spec, **common)
+    settings = _ImportSettings(
+        key_columns=spark_key, key_types=key_types, state_fields=len(state_names), spec=spec,
+        **{"state_schema": spark_schema, **common},
+    )
     return frame.select(*columns), spark_key, key_aliases, key_types, settings, list(spark_schema.fields)
 
 

@@ -140,7 +140,8 @@ class NoopSink:
 
 
 def sink_of(sink: Any) -> Sink:
-    """A callable sink from ``sink``: a callable, ``"parquet:PATH"``, ``"delta:PATH"`` or ``"noop"``."""
+    """A callable sink from ``sink``: a callable, ``"parquet:PATH"``, ``"delta:PATH"``, ``"console"``,
+    ``"memory:NAME"`` (a temporary view of that name, for tests) or ``"noop"``."""
     if isinstance(sink, str):
         kind, _, path = sink.partition(":")
         if kind == "parquet" and path:
@@ -149,7 +150,15 @@ def sink_of(sink: Any) -> Sink:
             return DeltaSink(path)
         if sink == "noop":
             return NoopSink()
-        raise ValueError(f"sink {sink!r} is not 'parquet:PATH', 'delta:PATH' or 'noop'")
+        if sink == "console":
+            from .shapes import ConsoleSink
+
+            return ConsoleSink()
+        if kind == "memory" and path:
+            from .shapes import MemorySink
+
+            return MemorySink(path)
+        raise ValueError(f"sink {sink!r} is not 'parquet:PATH', 'delta:PATH', 'console', 'memory:NAME' or 'noop'")
     if not callable(sink):
         raise TypeError(f"sink must be callable(out_df, batch_id) or a sink name, got {sink!r}")
     return sink

@@ -20,6 +20,7 @@ starts from the version before N and recomputes the same state and output.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import json
@@ -40,19 +41,20 @@ from state.keygroups import DEFAULT_MAX_PARALLELISM, check_max_parallelism
 
 from ..decorators import check_operator_key, spec_of
 from ..operator import folds_raw_rows
-from ..processor import check_initial_state, processor_timeout
+from ..processor import processor_timeout
 from ..protocol import (
     WATERMARK_FIELD,
     check_checkpoint_fits,
     commit_metadata,
     late_rows_watermark,
+    no_data_timeout,
     state_key_columns,
     watermark_for,
 )
 from ..windows import WINDOW_START, check_runner_settings
-from . import _task
+from . import _initial_state, _task
 from ._sql_combine import sql_exprs, sql_partials
-from ._instants import as_micros, instant_columns, micros_column, restore
+from ._instants import as_micros, instant_columns, micros_column
 from ._plan import is_connect, key_list, key_types_of, nullable, operator_index_sql, output_schema_for, quoted
 from ._task import (
     ACCUMULATOR_COLUMN,
@@ -71,6 +73,9 @@ from .sinks import ParquetSink, Sink, sink_of
 logger = logging.getLogger("buffering.spark")
 
 _TRIGGERS = ("processingTime", "availableNow", "once")
+
+#: Batch metrics a runner keeps in memory (Spark's ``spark.sql.streaming.numRecentProgressUpdates`` default).
+RECENT_BATCHES = 100
 
 #: Where a batch's operator tasks run (``run_stream(placement=...)``).
 PLACEMENTS = ("executor", "batch")
@@ -175,6 +180,47 @@ class BatchMetrics:
         return cls(**{k: v for k, v in record.items() if k in names})
 
 
+#: Where Spark's ``withWatermark`` records its delay: in the event-time column's metadata.
+WATERMARK_DELAY_METADATA = "spark.watermarkDelayMs"
+
+#: The column run_stream adds, watermarked, when the stream has no ``withWatermark`` of its own on the
+#: event time (a copy of it as a TIMESTAMP); only the branch that makes Spark run batches without data reads it.
+WATERMARK_COLUMN = _task.WATERMARK_COLUMN
+
+#: The grouping column of that branch under a processing-time timeout.
+MARKER_COLUMN = "__opbuffer_no_data"
+
+
+def _watermark_delay_of(schema: Any, column: str) -> Optional[int]:
+    """The delay (ms) of the stream's own ``withWatermark`` on ``column``, None when it has none."""
+    for f in schema.fields:
+        if f.name == column and WATERMARK_DELAY_METADATA in (f.metadata or {}):
+            return int(f.metadata[WATERMARK_DELAY_METADATA])
+    return None
+
+
+def stream_watermark(schema: Any, event_time: Optional[str], delay_ms: Optional[int]) -> tuple[Optional[str], int]:
+    """The event-time column and watermark delay a stream runs with: given, or read from its ``withWatermark``.
+
+    Spark records ``withWatermark(column, delay)`` in the column's schema
+    metadata; a stream watermarked that way needs neither ``event_time=`` nor
+    ``watermark_delay_ms=``. A delay given beside a different ``withWatermark``
+    delay on the same column is refused (Spark would use the stream's).
+    """
+    marked = [f.name for f in schema.fields if WATERMARK_DELAY_METADATA in (f.metadata or {})]
+    if event_time is None and len(marked) == 1:
+        event_time = marked[0]
+    if delay_ms is not None and (isinstance(delay_ms, bool) or not isinstance(delay_ms, int) or delay_ms < 0):
+        raise ValueError(f"watermark_delay_ms must be an int >= 0, got {delay_ms!r}")
+    stream_delay = _watermark_delay_of(schema, event_time) if event_time is not None else None
+    if stream_delay is not None and delay_ms is not None and delay_ms != stream_delay:
+        raise ValueError(
+            f"watermark_delay_ms={delay_ms} but the stream's withWatermark({event_time!r}, ...) delays by "
+            f"{stream_delay} ms: drop watermark_delay_ms (the stream's own watermark is used)"
+        )
+    return event_time, stream_delay if stream_delay is not None else (delay_ms or 0)
+
+
 def _parallelism(spark: Any, parallelism: Optional[int], max_parallelism: int) -> int:
     if parallelism is None:
         parallelism = min(int(spark.conf.get("spark.sql.shuffle.partitions")), max_parallelism)
@@ -202,7 +248,7 @@ class StreamRunner:
         max_parallelism: int = DEFAULT_MAX_PARALLELISM,
         timeout: str = "none",
         event_time: Optional[str] = None,
-        watermark_delay_ms: int = 0,
+        watermark_delay_ms: Optional[int] = None,
         combine_before_shuffle: Optional[bool] = None,
         retain: Optional[int] = DEFAULT_RETAIN,
         storage_options: Optional[Mapping[str, Any]] = None,
@@ -256,10 +302,15 @@ class StreamRunner:
             raise ValueError(f"the DataFrame may not have a column of the reserved name {REPORT_COLUMN!r}")
         if event_time is not None and event_time not in fields:
             raise ValueError(f"event_time column {event_time!r} is not in the DataFrame (it has {fields})")
+        event_time, watermark_delay_ms = stream_watermark(input_schema, event_time, watermark_delay_ms)
+        #: Whether the stream's own ``withWatermark`` is on the event-time column (else run_stream adds one
+        #: on a column of its own, for Spark to run batches without data; see with_batches_without_data).
+        self.watermarked_by_stream = event_time is not None and _watermark_delay_of(input_schema, event_time) is not None
         if self.timeout_conf == GroupStateTimeout.EventTimeTimeout and event_time is None:
-            raise ValueError("timeout='event' needs event_time= (the column that drives the watermark)")
-        if isinstance(watermark_delay_ms, bool) or not isinstance(watermark_delay_ms, int) or watermark_delay_ms < 0:
-            raise ValueError(f"watermark_delay_ms must be an int >= 0, got {watermark_delay_ms!r}")
+            raise ValueError(
+                "timeout='event' (EventTimeTimeout) needs an event-time column: call withWatermark(column, delay) on "
+                "the stream, as for Spark, or give event_time="
+            )
         self.event_time = event_time
         self.watermark_delay_ms = watermark_delay_ms
         check_runner_settings(self.spec, event_time, self.timeout_conf)
@@ -321,7 +372,10 @@ class StreamRunner:
         self.sink: Sink = sink_of(sink)
         self.retain = retain
         self.on_batch = on_batch
-        self.batches: list[BatchMetrics] = []
+        #: The metrics of the last RECENT_BATCHES batches this runner ran, oldest first (as Spark's
+        #: ``recentProgress``: a long-running query's driver keeps no more); every batch's metrics are
+        #: also written to the checkpoint (:meth:`recorded_batches`), pruned with its versions.
+        self.batches: collections.deque[BatchMetrics] = collections.deque(maxlen=RECENT_BATCHES)
         # Marks the batch metrics records of this query run, so a client that did not run
         # the batches (Spark Connect: they run in the server's Python) reads back only its own.
         self.run_id = uuid.uuid4().hex
@@ -347,7 +401,20 @@ class StreamRunner:
             query_id=xxhash.xxh64_hexdigest(json.dumps([location, self.key_columns, parallelism]).encode()),
             checkpoint_key=self.storage.checkpoint_key,
             batch_offset=self.batch_offset,
-            initial_state=initial_frame,
+            # Before a first batch: one Spark job splits the rows by instance into the checkpoint storage.
+            initial_state=_initial_state.prepare(
+                initial_frame,
+                self.storage,
+                manifest,
+                batch_offset=self.batch_offset,
+                key_columns=self.key_columns,
+                key_types=self.key_types,
+                stream_key_types={f.name: f.dataType for f in input_schema.fields},
+                parallelism=parallelism,
+                max_parallelism=max_parallelism,
+                location=location,
+                storage_options=dict(storage_options or {}),
+            ),
             instant_columns=instant_columns(input_schema),
             instant_outputs=instant_columns(self.output_schema),
         )
@@ -434,7 +501,63 @@ class StreamRunner:
         context = BatchContext(version, previous, self._processing_time(version, **decisions), watermark, late)
         return context, max_event
 
-    def hosted_stream(self, df: Any, host_keys: Sequence[int]) -> Any:
+    @property
+    def no_data_timeout(self) -> str:
+        """The GroupStateTimeout for which Spark would run this operator's batches without data
+        (:func:`buffering.protocol.no_data_timeout`)."""
+        return no_data_timeout(self.spec, self.timeout_conf, self.event_time)
+
+    def watermarked(self, df: Any) -> Any:
+        """``df`` with the event-time watermark Spark needs to run batches without data by it.
+
+        The stream's own ``withWatermark`` on the event time serves as it is;
+        otherwise a TIMESTAMP copy of the event time (WATERMARK_COLUMN) gets
+        ``withWatermark(delay)``, so Spark's watermark is opbuffer's: max event
+        time seen - delay. With ``placement="executor"`` always the copy: the hosting
+        operator's input keeps only it watermarked (see :meth:`hosted_stream`).
+        """
+        if self.no_data_timeout != GroupStateTimeout.EventTimeTimeout:
+            return df
+        if self.watermarked_by_stream and self.placement != "executor":
+            return df
+        from pyspark.sql import functions as F
+
+        assert self.event_time is not None
+        column = F.col(quoted(self.event_time))
+        if self.watermarked_by_stream:  # a copy keeps the column's watermark (Spark refuses a second withWatermark)
+            return df.withColumn(WATERMARK_COLUMN, column)
+        ts = column if self._event_time_type.startswith("timestamp") else F.timestamp_millis(column.cast("long"))
+        return df.withColumn(WATERMARK_COLUMN, ts).withWatermark(WATERMARK_COLUMN, f"{self.watermark_delay_ms} milliseconds")
+
+    def with_batches_without_data(self, stream: Any, watermarked: Any) -> Any:
+        """``stream`` (the query's plan) with a branch that makes Spark run batches without data as for this operator.
+
+        The branch is Spark's own ``applyInPandasWithState`` with the operator's
+        :attr:`no_data_timeout` over no rows (``watermarked`` filtered by a false
+        literal, which Spark's optimizer turns into an empty relation: nothing is
+        read twice): it holds no state and emits nothing, but Spark asks it after
+        every batch whether another is due, and answers exactly as for the
+        user's own stateful operator. Each batch without data then reaches the
+        runner as a batch of its own id, which commits its version like any other
+        (exactly-once as for every batch).
+        """
+        timeout = self.no_data_timeout
+        if timeout == GroupStateTimeout.NoTimeout:
+            return stream
+        from pyspark.sql import functions as F
+
+        if timeout == GroupStateTimeout.EventTimeTimeout:
+            column = self.event_time if self.watermarked_by_stream else WATERMARK_COLUMN
+            assert column is not None
+            branch = watermarked.where(F.lit(False)).select(F.col(quoted(column)))
+            by = column
+        else:
+            branch = watermarked.where(F.lit(False)).select(F.lit(0).alias(MARKER_COLUMN))
+            by = MARKER_COLUMN
+        marker = branch.groupBy(by).applyInPandasWithState(_task.no_data_marker, stream.schema, "unused int", "Update", timeout)
+        return stream.union(marker)
+
+    def hosted_stream(self, df: Any, host_keys: Sequence[int], no_data_timeout: Optional[str] = None) -> Any:
         """placement="executor": the streaming DataFrame whose micro-batches run the operator instances.
 
         Each instance is one group of Spark's own ``applyInPandasWithState``
@@ -442,6 +565,13 @@ class StreamRunner:
         task of its partition on the executor that ran it last: the instance
         stays warm there. The batch's context reaches the tasks through the
         batch record the driver writes before the batch runs.
+
+        ``no_data_timeout``: the hosting operator's GroupStateTimeout, so that Spark
+        runs the batches without data it runs for the user's operator (see
+        :meth:`with_batches_without_data`); ``df`` then carries the watermarked
+        WATERMARK_COLUMN when the stream has no watermark of its own, which the
+        tagging step nulls (Spark's own late-row filter must pass every row: the
+        instances filter late rows as Spark's operator for this kind would).
         """
         if len(host_keys) != self.parallelism:
             raise ValueError(f"need one host key per instance ({self.parallelism}), got {len(host_keys)}")
@@ -461,12 +591,13 @@ class StreamRunner:
             for f in tagged.fields
             if f.dataType.typeName() in numpy_types and f.name not in (HOST_COLUMN, HEARTBEAT_COLUMN)
         )
+        timeout = no_data_timeout or GroupStateTimeout.NoTimeout
         return frame.groupBy(HOST_COLUMN).applyInPandasWithState(
-            functools.partial(_task.host_instance, self.plan, keys, dtypes),
+            functools.partial(_task.host_instance, self.plan, keys, dtypes, timeout),
             self._internal_schema,
             "unused int",
             "Update",
-            GroupStateTimeout.NoTimeout,
+            timeout,
         )
 
     @staticmethod
@@ -474,9 +605,16 @@ class StreamRunner:
         """``schema`` (all nullable: heartbeat rows carry nulls) plus the instance, host key and heartbeat flag."""
         from pyspark.sql.types import BooleanType, IntegerType, LongType, StructField, StructType
 
+        own = any(f.name == WATERMARK_COLUMN for f in schema.fields)
+
+        def metadata(f: Any) -> Any:  # only WATERMARK_COLUMN stays watermarked (see hosted_stream)
+            if own and f.name != WATERMARK_COLUMN and WATERMARK_DELAY_METADATA in (f.metadata or {}):
+                return {k: v for k, v in f.metadata.items() if k != WATERMARK_DELAY_METADATA}
+            return f.metadata
+
         return StructType(
             [
-                *(StructField(f.name, f.dataType, True, f.metadata) for f in schema.fields),
+                *(StructField(f.name, f.dataType, True, metadata(f)) for f in schema.fields),
                 StructField(OPERATOR_COLUMN, IntegerType(), False),
                 StructField(HOST_COLUMN, LongType(), False),
                 StructField(HEARTBEAT_COLUMN, BooleanType(), False),
@@ -513,6 +651,11 @@ class StreamRunner:
         else:
             frame = self._rows_for_python(frame, with_operator=True)
         return self._tasks(frame, functools.partial(_task.run_task, plan, context))
+
+    def _instances_without_rows(self, spark: Any, context: BatchContext) -> Any:
+        """The output and report rows of every instance run without input rows (lazy): one task per instance."""
+        frame = spark.range(0, self.parallelism, 1, self.parallelism)
+        return frame.mapInPandas(functools.partial(_task.run_without_rows, self.plan, context), self._internal_schema)
 
     def streamed_tasks(self, df: Any) -> Any:
         """:attr:`streams_tasks`: the streaming DataFrame whose micro-batches run the operator instances.
@@ -576,6 +719,10 @@ class StreamRunner:
         after = with_operator and operator_after
         added = {OPERATOR_COLUMN: operator} if with_operator and not after else {}
         if select is not None:
+            if WATERMARK_COLUMN in frame.columns:  # the hosting operator's watermark (see hosted_stream)
+                from pyspark.sql import functions as F
+
+                select = [*select, F.col(WATERMARK_COLUMN)]
             frame = frame.select(*select, *added.values())
         elif converted or added:
             frame = frame.withColumns({**converted, **added})  # every other column kept as it is
@@ -634,100 +781,118 @@ class StreamRunner:
         return frame.withColumn(WINDOW_START, F.explode(start) if window.windows_per_row_sql else start)
 
     def __call__(self, batch_df: Any, batch_id: int) -> None:
-        from pyspark import StorageLevel
-        from pyspark.sql import functions as F
-
-        started = time.perf_counter()
-        version = int(batch_id) + self.batch_offset
-        context, max_event = self.context(version)
-        already_committed = self.storage.has_version(version)
-        task_sink = self._task_sink
-        if task_sink is not None:
-            task_sink.prepare(version)  # a re-run of this batch id replaces what the earlier run wrote
-        # A batch of the query run_stream started holds the tasks' rows already (streamed_tasks); a batch of
-        # input rows (a runner called by hand) gets its plan here.
-        if self.placement == "executor" or (self.streams_tasks and REPORT_COLUMN in batch_df.columns):
-            self.storage.record_running_batch(version)  # for tasks without Spark's batch id (Connect)
-            out = batch_df  # the operator instances run in the streaming plan when the batch is evaluated
-        else:
-            out = self.plan_batch(batch_df, context)
-        if task_sink is None:  # the tasks write the rows and yield only reports
-            out = out.persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            # With a task sink the tasks yield report rows only: collected as they are, without a
-            # filter and a projection to plan on the driver.
-            reports = out if task_sink is not None else out.where(F.col(REPORT_COLUMN).isNotNull())
-            summaries = [TaskSummary.from_json(r[REPORT_COLUMN]) for r in reports.collect()]
-            instances = [i for s in summaries for i in s.instances]
-            seen = sorted(i.instance for i in instances)
-            if seen != list(range(self.parallelism)):
-                raise RuntimeError(f"batch {version}: expected one report from each of instances 0..{self.parallelism - 1}, got {seen}")
-            sink_started = time.perf_counter()
+            from pyspark import StorageLevel
+            from pyspark.sql import functions as F
+
+            started = time.perf_counter()
+            version = int(batch_id) + self.batch_offset
+            context, max_event = self.context(version)
+            already_committed = self.storage.has_version(version)
+            task_sink = self._task_sink
             if task_sink is not None:
-                task_sink.finish(version)
+                task_sink.prepare(version)  # a re-run of this batch id replaces what the earlier run wrote
+            # A batch of the query run_stream started holds the tasks' rows already (streamed_tasks); a batch of
+            # input rows (a runner called by hand) gets its plan here.
+            if self.placement == "executor" or (self.streams_tasks and REPORT_COLUMN in batch_df.columns):
+                self.storage.record_running_batch(version)  # for tasks without Spark's batch id (Connect)
+                out = batch_df  # the operator instances run in the streaming plan when the batch is evaluated
             else:
-                self.sink(out.where(F.col(REPORT_COLUMN).isNull()).drop(REPORT_COLUMN), version)
-            sink_seconds = time.perf_counter() - sink_started
-            for s in summaries:
-                max_event = max(max_event, s.max_event_time_ms)
-            commit_started = time.perf_counter()
-            committed = not already_committed
-            if committed:
-                try:
-                    commit(
-                        self.storage,
-                        version,
-                        [i.report for i in instances],
-                        metadata=commit_metadata(
-                            max_event_time_ms=max_event,
-                            processing_time_ms=context.processing_time_ms,
-                            key_columns=self.key_columns,
-                            key_types=self.key_types,
-                            parallelism=self.parallelism,
-                            state_key_columns=state_key_columns(self.spec, self.key_columns),
-                            placement=self.placement,
-                            **{WATERMARK_FIELD: context.watermark_ms},
-                            **({BATCH_OFFSET_FIELD: self.batch_offset} if self.batch_offset else {}),
-                        ),
-                        retain=self.retain,
-                        max_parallelism=self.max_parallelism,
-                    )
-                except VersionExistsError:
-                    committed = False
-            if not committed:
-                # A re-run of a batch committed before a restart: the recomputed state equals
-                # the committed one, and the sink was given the same rows again.
-                logger.info("batch %d was already committed; kept its manifest", version)
-            commit_seconds = time.perf_counter() - commit_started
-        finally:
-            if task_sink is None:
-                out.unpersist()
-        metrics = self._metrics(version, summaries, time.perf_counter() - started, commit_seconds, committed, context)
-        metrics.sink_seconds = sink_seconds
-        metrics.combine = self._batch_combine()
-        if self._adaptive_combine and metrics.calls:
-            self._skip_combine = _few_rows_per_key(metrics.rows_in, metrics.calls)
-        self.batches.append(metrics)
-        self.storage.write_batch_metrics(version, {RUN_ID_FIELD: self.run_id, **metrics.to_record()})
-        logger.info(
-            "batch %d: %d rows in, %d out, %.2fs (%.0f rows/s), cache hit ratio %.3f, %d evictions, %d syncs, "
-            "%d flushes, checkpoint %d bytes in %.3fs, slowest task %.2fs, sink %.2fs",
-            version,
-            metrics.rows_in,
-            metrics.rows_out,
-            metrics.seconds,
-            metrics.rows_per_second,
-            metrics.cache_hit_ratio,
-            metrics.cache_evictions,
-            metrics.cache_syncs,
-            metrics.flushes,
-            metrics.checkpoint_bytes,
-            metrics.checkpoint_seconds,
-            metrics.task_seconds_max,
-            metrics.sink_seconds,
-        )
-        if self.on_batch is not None:
-            self.on_batch(metrics)
+                out = self.plan_batch(batch_df, context)
+            if task_sink is None:  # the tasks write the rows and yield only reports
+                out = out.persist(StorageLevel.MEMORY_AND_DISK)
+            try:
+                # With a task sink the tasks yield report rows only: collected as they are, without a
+                # filter and a projection to plan on the driver.
+                reports = out if task_sink is not None else out.where(F.col(REPORT_COLUMN).isNotNull())
+                summaries = [TaskSummary.from_json(r[REPORT_COLUMN]) for r in reports.collect()]
+                if not summaries and self.placement == "batch":
+                    # A batch without data whose empty input Spark's optimizer pruned with the tasks over
+                    # it; every instance must still run (its timeouts, timers, its report).
+                    if task_sink is None:
+                        out.unpersist()
+                    out = self._instances_without_rows(batch_df.sparkSession, context)
+                    if task_sink is None:
+                        out = out.persist(StorageLevel.MEMORY_AND_DISK)
+                    reports = out if task_sink is not None else out.where(F.col(REPORT_COLUMN).isNotNull())
+                    summaries = [TaskSummary.from_json(r[REPORT_COLUMN]) for r in reports.collect()]
+                instances = [i for s in summaries for i in s.instances]
+                seen = sorted(i.instance for i in instances)
+                if seen != list(range(self.parallelism)):
+                    raise RuntimeError(f"batch {version}: expected one report from each of instances 0..{self.parallelism - 1}, got {seen}")
+                sink_started = time.perf_counter()
+                if task_sink is not None:
+                    task_sink.finish(version)
+                else:
+                    self.sink(out.where(F.col(REPORT_COLUMN).isNull()).drop(REPORT_COLUMN), version)
+                sink_seconds = time.perf_counter() - sink_started
+                for s in summaries:
+                    max_event = max(max_event, s.max_event_time_ms)
+                commit_started = time.perf_counter()
+                committed = not already_committed
+                if committed:
+                    try:
+                        commit(
+                            self.storage,
+                            version,
+                            [i.report for i in instances],
+                            metadata=commit_metadata(
+                                max_event_time_ms=max_event,
+                                processing_time_ms=context.processing_time_ms,
+                                key_columns=self.key_columns,
+                                key_types=self.key_types,
+                                parallelism=self.parallelism,
+                                state_key_columns=state_key_columns(self.spec, self.key_columns),
+                                placement=self.placement,
+                                **{WATERMARK_FIELD: context.watermark_ms},
+                                **({BATCH_OFFSET_FIELD: self.batch_offset} if self.batch_offset else {}),
+                            ),
+                            retain=self.retain,
+                            max_parallelism=self.max_parallelism,
+                        )
+                    except VersionExistsError:
+                        committed = False
+                if not committed:
+                    # A re-run of a batch committed before a restart: the recomputed state equals
+                    # the committed one, and the sink was given the same rows again.
+                    logger.info("batch %d was already committed; kept its manifest", version)
+                commit_seconds = time.perf_counter() - commit_started
+            finally:
+                if task_sink is None:
+                    out.unpersist()
+            metrics = self._metrics(version, summaries, time.perf_counter() - started, commit_seconds, committed, context)
+            metrics.sink_seconds = sink_seconds
+            metrics.combine = self._batch_combine()
+            if self._adaptive_combine and metrics.calls:
+                self._skip_combine = _few_rows_per_key(metrics.rows_in, metrics.calls)
+            self.batches.append(metrics)
+            self.storage.write_batch_metrics(version, {RUN_ID_FIELD: self.run_id, **metrics.to_record()})
+            logger.info(
+                "batch %d: %d rows in, %d out, %.2fs (%.0f rows/s), cache hit ratio %.3f, %d evictions, %d syncs, "
+                "%d flushes, checkpoint %d bytes in %.3fs, slowest task %.2fs, sink %.2fs",
+                version,
+                metrics.rows_in,
+                metrics.rows_out,
+                metrics.seconds,
+                metrics.rows_per_second,
+                metrics.cache_hit_ratio,
+                metrics.cache_evictions,
+                metrics.cache_syncs,
+                metrics.flushes,
+                metrics.checkpoint_bytes,
+                metrics.checkpoint_seconds,
+                metrics.task_seconds_max,
+                metrics.sink_seconds,
+            )
+            if self.on_batch is not None:
+                self.on_batch(metrics)
+        except Exception as exc:
+            # Spark gets a short error (its check for a stop() runs a regex over the whole text), the user's
+            # failure its key, call and batch; runner.failure and the driver's log keep the rest (see _errors).
+            from ._errors import batch_error
+
+            error = batch_error(self, exc, int(batch_id) + getattr(self, "batch_offset", 0))
+            raise error from None
 
     @staticmethod
     def _metrics(
@@ -807,10 +972,11 @@ class OpbufferQuery:
 
     @property
     def batch_metrics(self) -> list[BatchMetrics]:
-        """Every batch this query ran, in order.
+        """The last ``RECENT_BATCHES`` (100) batches this query ran, in order, as Spark's ``recentProgress``.
 
-        Under Spark Connect the batches run in the server's Python: their metrics are
-        read back from the checkpoint (the records of versions that retention kept).
+        Every batch's metrics are in the checkpoint too, for as long as retention keeps its
+        version: ``query.runner.recorded_batches()`` reads them back. Under Spark Connect the
+        batches run in the server's Python, so their metrics are read back from there.
         """
         if self._connect:
             return self.runner.recorded_batches()
@@ -820,6 +986,45 @@ class OpbufferQuery:
     def last_batch_metrics(self) -> Optional[BatchMetrics]:
         batches = self.batch_metrics
         return batches[-1] if batches else None
+
+    def awaitTermination(self, timeout: Optional[int] = None) -> Optional[bool]:
+        """Spark's ``awaitTermination``; when the user's code failed the query, that exception is raised instead:
+        the user's type and message, with notes naming the key, the call and the batch and holding the user's
+        frames (Spark's StreamingQueryException its ``__context__``)."""
+        from pyspark.errors import StreamingQueryException
+
+        from ._errors import user_exception
+
+        try:
+            return self.query.awaitTermination() if timeout is None else self.query.awaitTermination(timeout)
+        except StreamingQueryException as exc:
+            user = user_exception(self.runner, exc)
+            if user is None:
+                raise
+            raise user
+
+    def processAllAvailable(self) -> None:
+        """Spark's ``processAllAvailable``; a failure of the user's code is raised as :meth:`awaitTermination` raises it."""
+        from pyspark.errors import StreamingQueryException
+
+        from ._errors import user_exception
+
+        try:
+            self.query.processAllAvailable()
+        except StreamingQueryException as exc:
+            user = user_exception(self.runner, exc)
+            if user is None:
+                raise
+            raise user
+
+    def exception(self) -> Optional[BaseException]:
+        """Spark's ``exception()``; when the user's code failed the query, the user's exception instead (as
+        :meth:`awaitTermination` raises it, Spark's StreamingQueryException its ``__context__``)."""
+        from ._errors import user_exception
+
+        spark_error = self.query.exception()
+        user = user_exception(self.runner, spark_error)
+        return spark_error if user is None else user
 
 
 def _spark_checkpoint(checkpoint_location: Any, spark_checkpoint_location: Optional[str]) -> str:
@@ -922,11 +1127,11 @@ def run_stream(
     sink: Any,
     parallelism: Optional[int] = None,
     max_parallelism: int = DEFAULT_MAX_PARALLELISM,
-    trigger: Optional[Mapping[str, Any]] = None,
+    trigger: Any = None,
     query_name: Optional[str] = None,
     timeout: str = "none",
     event_time: Optional[str] = None,
-    watermark_delay_ms: int = 0,
+    watermark_delay_ms: Optional[int] = None,
     combine_before_shuffle: Optional[bool] = None,
     retain: Optional[int] = DEFAULT_RETAIN,
     storage_options: Optional[Mapping[str, Any]] = None,
@@ -940,6 +1145,7 @@ def run_stream(
     placement: Optional[str] = None,
     time_mode: Optional[str] = None,
     initial_state: Any = None,
+    output_mode: str = "update",
 ) -> Any:
     """Run ``fn`` over the streaming DataFrame ``df``, keyed by ``key``, exactly-once; returns the started query.
 
@@ -960,16 +1166,20 @@ def run_stream(
             (the built-in ones are) for end-to-end exactly-once.
         parallelism: operator instances (= shuffle partitions); may change between restarts.
         max_parallelism: key groups, fixed for the life of the checkpoint.
-        trigger: ``DataStreamWriter.trigger`` keywords, e.g. ``{"availableNow": True}``.
+        trigger: as Spark spells it: ``{"availableNow": True}``, ``{"processingTime": "10 seconds"}``,
+            ``{"once": True}``, or ``"availableNow"``, ``"once"``, ``"10 seconds"``.
         query_name: the query's name.
         timeout: ``"none"``, ``"processing"`` or ``"event"`` (GroupStateTimeout).
-        event_time: event-time column (timestamp or epoch ms) driving the watermark.
-        watermark_delay_ms: watermark = max event time seen - this delay (before the batch).
+        event_time: event-time column (timestamp or epoch ms) driving the watermark; default:
+            the column of the stream's own ``withWatermark``.
+        watermark_delay_ms: watermark = max event time seen - this delay (before the batch);
+            default: the stream's ``withWatermark`` delay, else 0.
             With ``timeout="event"``, rows at or before the watermark the previous
             batch ran with are dropped as late and timeouts fire by the batch's
-            own watermark, as in Spark. Spark runs extra batches without data
-            when its watermark moves; run_stream runs no batch without data, so
-            the timeouts such a batch would fire, fire at the next batch.
+            own watermark, as in Spark. Batches without data run as Spark runs
+            them for the same operator: after a batch that moved the watermark (event-time
+            timeouts, ``EventTime`` processors, windows) and at every trigger with a
+            processing-time timeout; each commits its version like any other batch.
         combine_before_shuffle: pre-aggregate before the shuffle. Default (None): with a mapping
             combiner, and with Spark SQL's partial aggregation where every aggregation has an exact SQL
             twin, skipped for a batch when the previous one had fewer than ``RAW_ROWS_PER_KEY`` (16)
@@ -1018,9 +1228,12 @@ def run_stream(
             driver records as running (``CheckpointStorage.record_running_batch``).
         time_mode: for a ``StatefulProcessor``: "None", "ProcessingTime" or "EventTime"
             (needs ``event_time``), as Spark's ``timeMode``; a processor takes no ``timeout``.
+        output_mode: ``"update"`` or ``"append"``, as Spark's ``outputMode`` of these operators
+            (both emit every row the operator yields).
         initial_state: for a ``StatefulProcessor``: a static DataFrame (Spark or pandas) with
             the key columns; before the first batch of a new checkpoint each key's rows go to
-            ``handleInitialState``. It is collected on the driver and shipped with the task plan.
+            ``handleInitialState``. A Spark DataFrame is never collected: one Spark job writes each
+            operator instance's rows into the checkpoint storage (``initial_state/``), read by its task.
 
     The returned query is Spark's StreamingQuery (wrapped: :class:`OpbufferQuery`) and also has
     ``batch_metrics`` and ``last_batch_metrics``.
@@ -1033,11 +1246,15 @@ def run_stream(
     """
     if not getattr(df, "isStreaming", False):
         raise ValueError("run_stream needs a streaming DataFrame (spark.readStream...); use run_batch for a batch DataFrame")
-    if trigger is not None:
-        if not isinstance(trigger, Mapping) or len(trigger) != 1 or next(iter(trigger)) not in _TRIGGERS:
-            raise ValueError(f"trigger must be one of {{'processingTime': '5 seconds'}}, {{'availableNow': True}}, {{'once': True}}, got {trigger!r}")
+    trigger = trigger_of(trigger)
+    from .shapes import _output_mode
+
+    _output_mode(output_mode)  # both emit every row fn yields, as Spark's operators do in either mode
     spark = df.sparkSession
     connect = is_connect(spark)
+    sink = sink_of(sink)
+    if getattr(sink, "session", False) is None:  # a MemorySink named by a string: the view goes to this session
+        sink.session = spark
     if connect and on_batch is not None:
         raise ValueError(
             f"on_batch={on_batch!r} cannot run under Spark Connect: the foreachBatch function, and so each "
@@ -1076,17 +1293,28 @@ def run_stream(
         initial_state=initial_state,
     )
     spark_checkpoint = _spark_checkpoint(checkpoint_location, spark_checkpoint_location)
-    stream, partitions = df, None
+    watermarked = runner.watermarked(df)
+    rows = watermarked.drop(WATERMARK_COLUMN) if watermarked is not df else df
+    stream, partitions = rows, None
+    stored = _stored_shuffle_partitions(spark_checkpoint)
     if runner.placement == "executor":
-        stored = _stored_shuffle_partitions(spark_checkpoint)
         partitions = stored or runner.parallelism
-        stream = runner.hosted_stream(df, host_keys(spark, runner.parallelism, partitions))
+        # The hosting operator is the stateful operator Spark asks whether a batch without data is due.
+        no_data = runner.no_data_timeout if _runs_batches_without_data(runner.no_data_timeout, trigger) else None
+        stream = runner.hosted_stream(
+            watermarked if no_data is not None else rows, host_keys(spark, runner.parallelism, partitions), no_data
+        )
         partitions = None if stored else partitions  # a new Spark checkpoint takes the conf at start
     elif runner.streams_tasks:
-        stream = runner.streamed_tasks(df)
+        stream = runner.streamed_tasks(rows)
+    if runner.placement != "executor" and _runs_batches_without_data(runner.no_data_timeout, trigger):
+        stream = runner.with_batches_without_data(stream, watermarked)
+        if partitions is None and not stored:
+            # The branch's state store has a partition per shuffle partition, each a task in every batch.
+            partitions = runner.parallelism
     writer = stream.writeStream.foreachBatch(runner).option("checkpointLocation", spark_checkpoint)
-    if runner.placement == "executor":
-        writer = writer.outputMode("update")
+    if runner.placement == "executor" or _runs_batches_without_data(runner.no_data_timeout, trigger):
+        writer = writer.outputMode("update")  # what Spark's applyInPandasWithState in the plan requires
     if trigger is not None:
         writer = writer.trigger(**dict(trigger))
     if query_name is not None:
@@ -1102,18 +1330,41 @@ def run_stream(
     return OpbufferQuery(query, runner, connect=connect)
 
 
-def _initial_state_frame(initial_state: Any, key_columns: list[str]) -> Any:
-    """A processor's initial state as one pandas DataFrame (collected from a Spark DataFrame)."""
-    import pandas as pd
-
-    if initial_state is None:
+def trigger_of(trigger: Any) -> Optional[dict[str, Any]]:
+    """``DataStreamWriter.trigger``'s keywords from Spark's spellings: ``{"availableNow": True}``,
+    ``{"processingTime": "10 seconds"}``, ``{"once": True}``, or the strings ``"availableNow"``,
+    ``"once"`` and ``"10 seconds"`` (a processing-time interval). None: Spark's default trigger."""
+    if trigger is None:
         return None
-    if getattr(initial_state, "isStreaming", False):
-        raise ValueError("initial_state must be a static DataFrame, not a streaming one")
-    if isinstance(initial_state, pd.DataFrame):
-        frame = initial_state
-    else:  # timestamps as naive UTC, as the tasks see them (see _instants)
-        instants = instant_columns(initial_state.schema)
-        frame = restore(as_micros(initial_state, instants).toPandas(), instants)
-    check_initial_state(frame, key_columns)
-    return frame
+    if isinstance(trigger, str):
+        text = trigger.strip()
+        if text in ("availableNow", "once"):
+            return {text: True}
+        if text and text[0].isdigit():
+            return {"processingTime": text}
+    elif isinstance(trigger, Mapping) and len(trigger) == 1 and next(iter(trigger)) in _TRIGGERS:
+        return dict(trigger)
+    raise ValueError(
+        f"trigger must be 'availableNow', 'once', a processing-time interval such as '10 seconds', or one of "
+        f"{{'processingTime': '5 seconds'}}, {{'availableNow': True}}, {{'once': True}}, got {trigger!r}"
+    )
+
+
+def _runs_batches_without_data(timeout: str, trigger: Optional[Mapping[str, Any]]) -> bool:
+    """Whether the query runs batches without data (see StreamRunner.with_batches_without_data).
+
+    Not with a processing-time timeout under an ``availableNow`` or ``once`` trigger: Spark
+    would run a batch without data at every trigger there and the run would never end
+    (plain Spark does so); such a run ends when its rows are processed, and the next
+    run's batches fire the timeouts then due.
+    """
+    if timeout == GroupStateTimeout.NoTimeout:
+        return False
+    ends = trigger is not None and next(iter(trigger)) in ("availableNow", "once")
+    return not (timeout == GroupStateTimeout.ProcessingTimeTimeout and ends)
+
+
+def _initial_state_frame(initial_state: Any, key_columns: list[str]) -> Any:
+    """A processor's initial state, checked (a static Spark or pandas DataFrame with the key columns), not read:
+    ``_initial_state.prepare`` splits it by instance into the checkpoint storage before a first batch."""
+    return _initial_state.check_frame(initial_state, key_columns)

@@ -46,18 +46,21 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
-from ..base import MISSING, Store, StoreClosedError, StoreError
-from ..keys import NormalizedKey, denormalize_key, normalize_key, normalize_keys, split_pairs
+from ..base import (
+    MISSING,
+    StateSerializationError,  # noqa: F401 - re-exported by state.cache
+    Store,
+    StoreClosedError,
+    serialization_error,
+    unserializable_value_error,
+)
+from ..keys import NormalizedKey, normalize_key, normalize_keys, split_pairs
 from .estimator import MemoryEstimator
 from .malloc import pin_mmap_threshold, release_free_memory
 from .policies import CachePolicy, PolicySpec, make_policy
 
 if TYPE_CHECKING:
     from .manager import CacheManager
-
-
-class StateSerializationError(StoreError, TypeError):
-    """A cached value could not be serialized for the store. The entry stays cached and dirty."""
 
 
 class _NotCached:
@@ -583,10 +586,7 @@ class WriteBackCache(Store):
         try:
             return self._dumps(value)
         except Exception as exc:
-            raise StateSerializationError(
-                f"cannot serialize the state of key {denormalize_key(nkey)!r} "
-                f"({type(value).__name__} value {value!r:.200}) for {self._backend!r}: {exc}"
-            ) from exc
+            raise unserializable_value_error(self._backend, nkey, value, exc) from exc
 
     def _write_out(self) -> None:
         pending = self._pending
@@ -612,8 +612,14 @@ class WriteBackCache(Store):
             if self._buffered:
                 # Serialize everything before writing: a value that fails leaves every entry dirty.
                 # A generator, not a list: thousands of live tuples would set off garbage collections.
-                serialize = self._serialize
-                self._pending.update((nkey, serialize(nkey, value)) for nkey, value in dirty.items())
+                # One try for the batch; only a failure looks for the key that fails.
+                dumps, missing = self._dumps, MISSING
+                try:
+                    self._pending.update(
+                        (nkey, None if value is missing else dumps(value)) for nkey, value in dirty.items()
+                    )
+                except Exception as exc:
+                    raise serialization_error(self._backend, list(dirty.items()), exc) from exc
             else:
                 self._backend._write(list(dirty.items()))
                 self._writes += len(dirty)

@@ -274,6 +274,35 @@ def test_a_packed_accumulator_equals_the_dict_of_its_partials():
     assert PackedAccumulator(value) != {"n": 3, "top": 7}
 
 
+def test_a_packed_accumulators_repr_is_the_mapping_of_its_outputs_to_their_partials():
+    lay = ColumnarLayout.of({"n": Count(), "top": Max("v")})
+    (value,) = lay.encode(lay.from_accumulators([{"n": 2, "top": 7}]))
+    assert repr(PackedAccumulator(value)) == "PackedAccumulator({'n': 2, 'top': 7})"
+
+
+def test_an_aggregates_state_prints_as_the_mapping_not_as_pickle_bytes():
+    runner = LocalRunner(aggregate({"views": Count(), "top": Max("v")}), key="k")
+    runner.process(pd.DataFrame({"k": [1, 1, 2], "v": [3, 9, 4]}))
+    acc = runner.get_state(1)
+    assert str(acc) == f"{acc}" == "%s" % acc == "PackedAccumulator({'views': 2, 'top': 9})"
+    assert str(runner.state()) == (
+        "{(1,): PackedAccumulator({'views': 2, 'top': 9}), (2,): PackedAccumulator({'views': 1, 'top': 4})}"
+    )
+
+
+def test_a_packed_accumulator_decodes_its_partials_only_when_shown(monkeypatch):
+    decoded = []
+    as_dict = PackedAccumulator.as_dict
+    monkeypatch.setattr(PackedAccumulator, "as_dict", lambda self: decoded.append(1) or as_dict(self))
+    lay = ColumnarLayout.of({"n": Count()})
+    (value,) = lay.encode(lay.from_accumulators([{"n": 2}]))
+    acc = PackedAccumulator(value)
+    pickle.loads(pickle.dumps(acc))
+    assert decoded == []
+    repr(acc)
+    assert decoded == [1]
+
+
 
 # ---------------------------------------------------------------- partials of raw rows
 from buffering.aggregations import Grouping  # noqa: E402

@@ -63,6 +63,20 @@ def test_state_before_the_first_batch_is_an_error():
         LocalRunner(count_sum, key="k").state()
 
 
+def test_state_after_an_empty_first_batch_is_the_empty_state():
+    runner = LocalRunner(count_sum, key="k", clock=Clock())
+    runner.process(frame(k=[], v=[]))
+    assert runner.state() == {}
+    assert runner.get_state(1) is None
+
+
+def test_a_batch_with_rows_after_an_empty_first_batch_keeps_its_state():
+    runner = LocalRunner(count_sum, key="k", clock=Clock())
+    runner.process(frame(k=[], v=[]))
+    runner.process(frame(k=[1, 1], v=[2, 3]))
+    assert plain(runner.state()) == {(1,): (2, 5)}
+
+
 def test_close_keeps_the_checkpoint_and_a_context_manager_closes(tmp_path):
     location = tmp_path / "ckpt"
     with LocalRunner(count_sum, key="k", clock=Clock(), checkpoint_location=location) as runner:

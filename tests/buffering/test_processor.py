@@ -491,3 +491,26 @@ def test_a_failed_timer_call_leaves_every_timer_set_so_the_retry_fires_each_once
         runner.advance_time(0)
     assert fired(runner.advance_time(0)) == [(1, 100), (2, 100)]
     assert fired(runner.advance_time(0)) == []
+
+
+class DeletesInInit(StatefulProcessor):
+    """Creates a ValueState and deletes it in init (as PySpark's own SimpleStatefulProcessor does)."""
+
+    def init(self, handle: Any) -> None:
+        self.temp = handle.getValueState("temp", "value int")
+        handle.deleteIfExists("temp")
+
+    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Iterator[pd.DataFrame]:
+        from pyspark.errors import PySparkRuntimeError
+
+        try:
+            self.temp.exists()
+            error = ""
+        except PySparkRuntimeError as exc:
+            error = str(exc)
+        yield pd.DataFrame({"id": [int(key[0])], "error": [error]})
+
+
+def test_a_variable_deleted_in_init_fails_with_sparks_error():
+    out = LocalRunner(DeletesInInit(), key="id").process(batch([1]))
+    assert out["error"].iloc[0].startswith("Error checking value state exists")

@@ -150,6 +150,23 @@ def test_a_value_that_cannot_be_pickled_fails_the_batch_and_leaves_state_as_it_w
     assert runner.state() == {(1,): (1,), (2,): (1,)}
 
 
+@pytest.mark.parametrize("where", LOCATIONS)
+def test_a_value_that_cannot_be_pickled_into_an_uncached_store_fails_naming_the_key_and_leaves_state_as_it_was(
+    where, tmp_path
+):
+    def fn(key, rows, state):
+        count = (state.get[0] if state.exists else 0) + sum(len(r) for r in rows)
+        state.update((threading.Lock() if key[0] == 9 else count,))
+        yield pd.DataFrame({"k": [key[0]]})
+
+    runner = runner_for(cached_state(store="rocksdb")(fn), where, tmp_path)  # no bound: every update is a put
+    runner.process(batch(1, 2))
+    with pytest.raises(StateSerializationError, match=r"key \(9,\) .*table='state'") as info:
+        runner.process(batch(1, 9))
+    assert isinstance(info.value, TypeError) and isinstance(info.value.__cause__, TypeError)
+    assert runner.state() == {(1,): (1,), (2,): (1,)}  # key 1's count of the failed batch is gone too
+
+
 def test_a_full_disk_while_writing_the_checkpoint_leaves_state_as_it_was(tmp_path, monkeypatch):
     switch = Switch()
     runner = runner_for(counting(switch), "checkpoint", tmp_path)

@@ -82,10 +82,18 @@ class ViolationCount(StatefulProcessor):
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.violations = handle.getValueState("numViolations", "value int", self.ttl_ms)
-        handle.getValueState("tempState", "value int")
+        self.temp_state = handle.getValueState("tempState", "value int")
         handle.deleteIfExists("tempState")
 
     def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:
+        from pyspark.errors import PySparkRuntimeError
+
+        try:  # as upstream asserts: a variable deleted in init fails with Spark's error
+            self.temp_state.exists()
+        except PySparkRuntimeError as exc:
+            assert "Error checking value state exists" in str(exc), exc
+        else:
+            raise AssertionError("a state variable deleted by deleteIfExists answered exists()")
         stored = self.violations.get() if self.violations.exists() else None
         violations = stored[0] if stored is not None else 0
         count = 0
@@ -1036,6 +1044,90 @@ def test_run_stream_gives_spark_outputs_per_batch(tws_spark, scenario, tmp_path_
         return expected, got
 
     check_parity(scenario, "run_stream", compare)
+
+
+# ---------------------------------------------------------------- one availableNow run per file
+
+#: Scenarios whose answers depend on batches without data, run as a scheduled job runs them (Spark's
+#: batches without data on, its default). A ProcessingTime processor's availableNow run never ends under
+#: Spark (a batch without data at every trigger), so those scenarios run in one query only.
+PER_FILE = [s for s in SCENARIOS if s.time_mode == "EventTime" or (s.watermark is not None and s.time_mode == "None")]
+
+
+def run_per_file(spark: Any, scenario: Scenario, runner: str, workdir: str) -> list[pd.DataFrame]:
+    """Every batch's output of ``scenario`` with one ``availableNow`` run per file (LocalRunner: process, then idle)."""
+    from buffering import LocalRunner
+    from buffering.spark import transformWithStateInPandas
+
+    directory = os.path.join(workdir, f"in-{runner}")
+    checkpoint = os.path.join(workdir, f"ck-{runner}")
+    out: list = []
+    if runner == "local":
+        local = LocalRunner(
+            scenario.processor(),
+            key=scenario.key,
+            time_mode=scenario.time_mode,
+            event_time=scenario.watermark[0] if scenario.watermark else None,
+            watermark_delay_ms=scenario.watermark[1] if scenario.watermark else 0,
+            checkpoint_location=checkpoint,
+        )
+        try:
+            for i, frame in enumerate(scenario.batches):
+                path = os.path.join(write_batches(directory, [frame], first=i), f"part-{i:05d}.parquet")
+                out.append(local.process(_local_frame(path)))
+                out.append(local.idle())
+        finally:
+            local.close()
+        return out
+    for i, frame in enumerate(scenario.batches):
+        write_batches(directory, [frame], first=i)
+        df = _spark_input(spark, scenario, directory)
+        if runner == "spark":
+            query = (
+                df.groupBy(*scenario.key)
+                .transformWithStateInPandas(
+                    statefulProcessor=scenario.processor(),
+                    outputStructType=scenario.output_schema,
+                    outputMode="Update",
+                    timeMode=scenario.time_mode,
+                )
+                .writeStream.outputMode("update")
+                .foreachBatch(collect_sink(out))
+                .option("checkpointLocation", checkpoint)
+                .trigger(availableNow=True)
+                .start()
+            )
+        else:  # Spark's call shape; the event time and its delay come from the stream's withWatermark
+            query = (
+                transformWithStateInPandas(
+                    df.groupBy(*scenario.key), scenario.processor(), scenario.output_schema, "Update", scenario.time_mode
+                )
+                .writeStream.outputMode("update")
+                .foreachBatch(collect_sink(out))
+                .option("checkpointLocation", checkpoint)
+                .trigger(availableNow=True)
+                .start()
+            )
+        query.awaitTermination()
+    return [pdf for _, pdf in sorted(out, key=lambda t: t[0])]
+
+
+@pytest.fixture
+def tws_spark_with_batches_without_data(tws_spark):
+    tws_spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", "true")
+    try:
+        yield tws_spark
+    finally:
+        tws_spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", TWS_CONF["spark.sql.streaming.noDataMicroBatches.enabled"])
+
+
+@pytest.mark.parametrize("scenario", PER_FILE, ids=[s.name for s in PER_FILE])
+def test_every_runner_gives_spark_rows_with_one_available_now_run_per_file(tws_spark_with_batches_without_data, scenario, tmp_path):
+    spark = tws_spark_with_batches_without_data
+    reference_rows = sorted((r for b in batch_rows(scenario, run_per_file(spark, scenario, "spark", str(tmp_path))) for r in b), key=repr)
+    for runner in ("run_stream", "local"):
+        got = sorted((r for b in batch_rows(scenario, run_per_file(spark, scenario, runner, str(tmp_path))) for r in b), key=repr)
+        assert got == reference_rows, f"{runner}: spark {reference_rows} vs {got}"
 
 
 if __name__ == "__main__":  # the comparison table for the report

@@ -37,7 +37,7 @@ import pytest
 
 import buffering
 from buffering import LocalRunner
-from buffering.spark import run_stream
+from buffering.spark import applyInPandasWithState, run_stream
 
 from .helpers import collect_sink, stream_of, write_batches
 
@@ -282,7 +282,6 @@ class Documented:
 
 
 FRAMES_PER_KEY = "frames per key with a small maxRecordsPerBatch"
-NO_DATA_BATCH = "batches without data"
 
 SCENARIOS = [
     Scenario("basic", basic, _values(["hello", "this"]), **BASIC),
@@ -351,12 +350,6 @@ SCENARIOS = [
         state_schema="maxEventTimeSec long",
         timeout="event",
         watermark=("eventTime", 10_000),
-        # Every runner keeps the row at 4 s (batch 1 filters late rows by batch 0's watermark); Spark
-        # fires a's timeout ("a", -1) in a batch without data after the last file, opbuffer does not.
-        documented={
-            runner: Documented(NO_DATA_BATCH, (("a", 15), ("a", 15), ("a", 15), ("b", 31)))
-            for runner in ("run_stream", "local")
-        },
     ),
     Scenario(
         "chunking_max_records_2",
@@ -444,8 +437,16 @@ def _fn(scenario: Scenario, workdir: str, runner: str) -> Callable:
     return scenario.make_fn(os.path.join(workdir, f"failed-once-{runner}"))
 
 
-def run_scenario(spark: Any, scenario: Scenario, runner: str, workdir: str) -> list[pd.DataFrame]:
-    """The output frames of ``scenario`` under ``runner`` (one per micro-batch)."""
+def run_scenario(
+    spark: Any, scenario: Scenario, runner: str, workdir: str, per_file: bool = False, placement: Optional[str] = None
+) -> list[pd.DataFrame]:
+    """The output frames of ``scenario`` under ``runner`` (one per micro-batch).
+
+    ``per_file``: as a scheduled job runs, one ``availableNow`` query run per arriving
+    file (LocalRunner: ``process`` then ``idle``); else one query over all files.
+    """
+    if per_file:
+        return _run_per_file(spark, scenario, runner, workdir, placement)
     directory = os.path.join(workdir, "in")
     if not os.path.isdir(directory):
         write_batches(directory, scenario.batches)
@@ -470,6 +471,8 @@ def run_scenario(spark: Any, scenario: Scenario, runner: str, workdir: str) -> l
                 outputs.append(runner_.process(frame))
             except RuntimeError:
                 outputs.append(runner_.process(frame))  # the batch is retried, as Spark retries the task
+        if scenario.timeout != "processing":  # availableNow ends with the batch without data Spark runs
+            outputs.append(runner_.idle())
         runner_.close()
         return outputs
     out: list = []
@@ -530,6 +533,75 @@ def run_scenario(spark: Any, scenario: Scenario, runner: str, workdir: str) -> l
     return [pdf for _, pdf in sorted(out, key=lambda t: t[0])]
 
 
+def _run_per_file(spark: Any, scenario: Scenario, runner: str, workdir: str, placement: Optional[str] = None) -> list[pd.DataFrame]:
+    """:func:`run_scenario` with one ``availableNow`` run per file, each file written just before its run."""
+    assert scenario.timeout != "processing", "with a processing-time timeout Spark's availableNow never ends"
+    directory = os.path.join(workdir, f"in-{runner}")
+    fn = _fn(scenario, workdir, runner)
+    if runner == "local":
+        clock = [0]
+        local = LocalRunner(
+            fn,
+            key=scenario.key,
+            timeout=scenario.timeout,
+            event_time=scenario.watermark[0] if scenario.watermark else None,
+            watermark_delay_ms=scenario.watermark[1] if scenario.watermark else 0,
+            clock=lambda: clock[0],
+            key_types=None,
+            state_schema=scenario.state_schema,
+        )
+        outputs = []
+        for frame in scenario.batches:
+            clock[0] += 1_000
+            try:
+                outputs.append(local.process(_pandas_frame(scenario, frame)))
+            except RuntimeError:
+                outputs.append(local.process(_pandas_frame(scenario, frame)))  # retried, as Spark retries the task
+            outputs.append(local.idle())
+        local.close()
+        return outputs
+    out: list = []
+    previous = {k: spark.conf.get(k, None) for k in scenario.conf}
+    for k, v in scenario.conf.items():
+        spark.conf.set(k, v)
+    try:
+        for i, frame in enumerate(scenario.batches):
+            write_batches(directory, [frame], first=i)
+            df = _spark_frame(spark, scenario, directory)
+            if runner in ("spark", "passthrough"):
+                f = fn if runner == "spark" else buffering.mini_batch()(buffering.cached_state(max_entries=4)(fn))
+                query = (
+                    df.groupBy(*scenario.key)
+                    .applyInPandasWithState(f, scenario.output_schema, scenario.state_schema, "Update", _SPARK_TIMEOUTS[scenario.timeout])
+                    .writeStream.outputMode("update")
+                    .foreachBatch(collect_sink(out))
+                    .option("checkpointLocation", os.path.join(workdir, f"ck-{runner}"))
+                    .trigger(availableNow=True)
+                    .start()
+                )
+            else:  # Spark's own call shape, the writeStream chain as for Spark
+                extra = {"placement": placement} if placement is not None else {}
+                query = (
+                    applyInPandasWithState(
+                        df.groupBy(*scenario.key), fn, scenario.output_schema, scenario.state_schema, "Update",
+                        _SPARK_TIMEOUTS[scenario.timeout], **extra,
+                    )
+                    .writeStream.outputMode("update")
+                    .foreachBatch(collect_sink(out))
+                    .option("checkpointLocation", os.path.join(workdir, "ck-run_stream"))
+                    .trigger(availableNow=True)
+                    .start()
+                )
+            query.awaitTermination()
+    finally:
+        for k, v in previous.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)
+    return [pdf for _, pdf in sorted(out, key=lambda t: t[0])]
+
+
 def _plain(value: Any) -> Any:
     if isinstance(value, (np.generic,)):
         value = value.item()
@@ -577,14 +649,35 @@ def test_every_runner_gives_spark_answers_or_a_documented_difference(utc, scenar
         pytest.xfail("; ".join(scenario.known_bug.values()))
 
 
-def compare(spark: Any, scenario: Scenario, workdir: str) -> dict[str, str]:
+PER_FILE = [s for s in SCENARIOS if s.timeout != "processing"]
+
+
+@pytest.mark.parametrize("scenario", PER_FILE, ids=[s.name for s in PER_FILE])
+def test_every_runner_gives_spark_answers_with_one_available_now_run_per_file(utc, scenario, tmp_path):
+    """As scheduled jobs run: each file's run ends with the batches without data Spark runs."""
+    results = compare(utc, scenario, str(tmp_path), per_file=True)
+    wrong = {runner: verdict for runner, verdict in results.items() if verdict.startswith("DIFFERENT")}
+    assert not wrong, wrong
+
+
+EVENT_TIME = [s for s in SCENARIOS if s.timeout == "event"]
+
+
+@pytest.mark.parametrize("scenario", EVENT_TIME, ids=[s.name for s in EVENT_TIME])
+def test_run_stream_hosted_on_executors_gives_spark_answers_with_one_available_now_run_per_file(utc, scenario, tmp_path):
+    """placement="executor": the hosting operator itself makes Spark run the batches without data."""
+    results = compare(utc, scenario, str(tmp_path), per_file=True, placement="executor")
+    assert results["run_stream"] == "equal", results["run_stream"]
+
+
+def compare(spark: Any, scenario: Scenario, workdir: str, per_file: bool = False, placement: Optional[str] = None) -> dict[str, str]:
     """runner -> "equal" / "documented difference: ..." / "DIFFERENT: ..." against plain Spark."""
     columns = _columns(scenario)
-    reference = output_rows(run_scenario(spark, scenario, "spark", workdir), columns)
+    reference = output_rows(run_scenario(spark, scenario, "spark", workdir, per_file), columns)
     verdicts = {"spark": "reference"}
     for runner in RUNNERS[1:]:
         try:
-            got = output_rows(run_scenario(spark, scenario, runner, workdir), columns)
+            got = output_rows(run_scenario(spark, scenario, runner, workdir, per_file, placement), columns)
         except Exception as exc:  # reported as a difference, with the error
             got = [("error", f"{type(exc).__name__}: {str(exc)[:300]}")]
         if got == reference:

@@ -6,11 +6,12 @@ The Store contract itself runs on a KeyGroupCache in test_stores.py (``any_store
 from __future__ import annotations
 
 import pickle
+import threading
 
 import numpy as np
 import pytest
 
-from state import RocksDBStore
+from state import RocksDBStore, StateSerializationError
 from state.blocks import (
     KeyGroupCache,
     concatenated_ranges,
@@ -116,6 +117,24 @@ def test_per_key_records_are_read_over_the_block_and_folded_at_the_write_back(ta
     fresh.flush()
     assert all(is_block_key(k) for k, _ in _records(table))
     assert KeyGroupCache(table).get_many([1, 2, 3]) == ["per-key", "changed", "per-key"]
+
+
+def test_a_value_that_cannot_be_pickled_is_a_type_error_naming_the_key_and_the_table(table):
+    cache = KeyGroupCache(table)
+    with pytest.raises(StateSerializationError) as info:
+        cache.put_many([(1, "a"), (("locked", 7), threading.Lock())])
+    assert isinstance(info.value, TypeError) and isinstance(info.value.__cause__, TypeError)
+    assert "key ('locked', 7)" in str(info.value) and "table='state'" in str(info.value)
+
+
+def test_a_batch_that_cannot_be_pickled_leaves_the_other_keys_as_they_were(table):
+    cache = KeyGroupCache(table)
+    cache.put_many([(1, "one"), (2, "two")])
+    with pytest.raises(TypeError):
+        cache.put_many([(1, "changed"), (3, threading.Lock())])
+    assert dict(cache.items()) == {(1,): "one", (2,): "two"}
+    cache.flush()
+    assert dict(KeyGroupCache(table).items()) == {(1,): "one", (2,): "two"}
 
 
 def test_split_blocks_turns_blocks_back_into_per_key_records(table):

@@ -462,6 +462,17 @@ def test_an_unserializable_value_fails_at_eviction_naming_the_key_and_stays_read
     assert dict(cache.backend.items()) == {("locked", 7): "fixed", (1,): "a", (2,): "b"}
 
 
+def test_an_unserializable_value_at_flush_is_a_type_error_caused_by_the_serializers_error(make_cache):
+    cache = make_cache("rocksdb", max_entries=10)
+    cache.put("ok", 1)
+    cache.put("bad", threading.Lock())
+    with pytest.raises(TypeError) as info:
+        cache.flush()
+    assert isinstance(info.value, StateSerializationError)
+    assert "key ('bad',)" in str(info.value) and "table=" in str(info.value)
+    assert isinstance(info.value.__cause__, TypeError) and "_thread.lock" in str(info.value.__cause__)
+
+
 def test_an_unserializable_value_fails_at_flush_naming_the_key_and_stays_readable(make_cache):
     cache = make_cache("rocksdb", max_entries=10)
     lock = threading.Lock()

@@ -6,6 +6,7 @@ import gc
 import subprocess
 import sys
 import textwrap
+import threading
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from rocksdict import Options, Rdict, SstFileWriter
 
-from state import RocksDBStore, StoreClosedError, StoreError, StoreLockedError, WriteBackCache
+from state import RocksDBStore, StateSerializationError, StoreClosedError, StoreError, StoreLockedError, WriteBackCache
 from state.keys import normalize_key
 
 from .helpers import INT64_MAX, INT64_MIN, KEY_POOL, expected_items, hsettings, typed_items
@@ -523,6 +524,37 @@ def test_numpy_values_round_trip(tmp_path):
         assert np.array_equal(store.get(1), np.arange(5))
     finally:
         store.close()
+
+
+# ------------------------------------------------------------------ values that cannot be pickled
+
+
+def test_a_put_that_cannot_be_pickled_is_a_type_error_naming_the_key_and_the_table_caused_by_picklings(tmp_path):
+    store = RocksDBStore(tmp_path / "db", table="state")
+    with pytest.raises(StateSerializationError) as info:
+        store.put(("locked", 7), threading.Lock())
+    assert isinstance(info.value, TypeError)
+    assert "key ('locked', 7)" in str(info.value) and "table='state'" in str(info.value)
+    assert isinstance(info.value.__cause__, TypeError) and "_thread.lock" in str(info.value.__cause__)
+    store.close()
+
+
+def test_a_batch_that_cannot_be_pickled_names_the_key_whose_value_fails(tmp_path):
+    store = RocksDBStore(tmp_path / "db", table="state")
+    with pytest.raises(StateSerializationError, match=r"key \('locked', 7\) .*table='state'"):
+        store.put_many([(1, "a"), (("locked", 7), threading.Lock()), (2, "b")])
+    store.close()
+
+
+def test_a_batch_that_cannot_be_pickled_writes_nothing_and_leaves_the_other_keys_readable(tmp_path):
+    store = RocksDBStore(tmp_path / "db", table="state")
+    store.put_many([(1, "one"), (2, "two")])
+    with pytest.raises(TypeError):
+        store.put_many([(1, "changed"), (3, threading.Lock()), (4, "four")])
+    with pytest.raises(TypeError):
+        store.put(2, threading.Lock())
+    assert dict(store.items()) == {(1,): "one", (2,): "two"}
+    store.close()
 
 
 def test_invalid_options_raise_value_error(tmp_path):

@@ -576,6 +576,11 @@ class StreamRunner:
         if len(host_keys) != self.parallelism:
             raise ValueError(f"need one host key per instance ({self.parallelism}), got {len(host_keys)}")
         keys = tuple(int(k) for k in host_keys)
+        if self.combine == "python" and no_data_timeout == GroupStateTimeout.EventTimeTimeout:
+            raise ValueError(
+                "placement='executor' with the Python combine before the shuffle loses the event time the hosting "
+                "operator needs for Spark's batches without data: pass combine_before_shuffle=False"
+            )
         df = self._rows_for_python(df)
         if self.combine == "python":
             assert self._combined_schema is not None

@@ -64,21 +64,33 @@ def _wait_for_timeout(events: list, query: Any, limit_s: float = 30.0) -> None:
     query.stop()
 
 
-@pytest.mark.parametrize("placement", ["batch", "executor"])
-def test_processing_time_timeout_fires_on_an_idle_stream_within_two_triggers_of_spark(spark, tmp_path, placement):
-    directory = write_batches(str(tmp_path / "in"), [pd.DataFrame({"key": ["a", "b", "a"]})])
-    spark_events: list = []
+ROWS = pd.DataFrame({"key": ["a", "b", "a"]})
+
+
+@pytest.fixture(scope="module")
+def spark_idle_run(spark, tmp_path_factory) -> list:
+    """Spark's own run: the batches with output, each with when it ended."""
+    tmp = tmp_path_factory.mktemp("idle-spark")
+    directory = write_batches(str(tmp / "in"), [ROWS])
+    events: list = []
     query = (
         stream_of(spark, directory, "key string")
         .groupBy("key")
         .applyInPandasWithState(count_until_idle, OUTPUT, "count long", "Update", "ProcessingTimeTimeout")
         .writeStream.outputMode("update")
-        .foreachBatch(_timed_sink(spark_events))
-        .option("checkpointLocation", str(tmp_path / "ck-spark"))
+        .foreachBatch(_timed_sink(events))
+        .option("checkpointLocation", str(tmp / "ck"))
         .trigger(processingTime=f"{TRIGGER_S} second")
         .start()
     )
-    _wait_for_timeout(spark_events, query)
+    _wait_for_timeout(events, query)
+    return events
+
+
+@pytest.mark.parametrize("placement", ["batch", "executor"])
+def test_processing_time_timeout_fires_on_an_idle_stream_within_two_triggers_of_spark(spark, spark_idle_run, tmp_path, placement):
+    directory = write_batches(str(tmp_path / "in"), [ROWS])
+    spark_events = spark_idle_run
     ours: list = []
     query = run_stream(
         stream_of(spark, directory, "key string"),

@@ -879,27 +879,30 @@ def run_local(scenario: Scenario, workdir: str, batch_times_ms: list[int]) -> Ru
 
 
 def run_opbuffer_stream(spark: Any, scenario: Scenario, workdir: str) -> Run:
-    """opbuffer's run_stream over the same file source."""
-    from buffering.spark import run_stream
+    """opbuffer over the same file source, in Spark's call shape (initialState grouped, the watermark from
+    the stream's withWatermark) with Spark's writeStream chain."""
+    from buffering.spark import transformWithStateInPandas
 
     directory = _input_dir(scenario, workdir)
     out: list = []
     initial = None
     if scenario.initial_state is not None:
         frame, ddl = scenario.initial_state
-        initial = spark.createDataFrame(frame, ddl)
-    query = run_stream(
-        _spark_input(spark, scenario, directory),
-        scenario.processor(),
-        key=scenario.key,
-        output_schema=scenario.output_schema,
-        checkpoint_location=os.path.join(workdir, "ck-run_stream"),
-        sink=_sink(out, scenario.sink_sleep_s, len(scenario.batches)),
-        trigger={"availableNow": True},
-        time_mode=scenario.time_mode,
-        event_time=scenario.watermark[0] if scenario.watermark else None,
-        watermark_delay_ms=scenario.watermark[1] if scenario.watermark else 0,
-        initial_state=initial,
+        initial = spark.createDataFrame(frame, ddl).groupBy(*scenario.key)
+    query = (
+        transformWithStateInPandas(
+            _spark_input(spark, scenario, directory).groupBy(*scenario.key),
+            scenario.processor(),
+            scenario.output_schema,
+            "Update",
+            scenario.time_mode,
+            initialState=initial,
+        )
+        .writeStream.outputMode("update")
+        .foreachBatch(_sink(out, scenario.sink_sleep_s, len(scenario.batches)))
+        .option("checkpointLocation", os.path.join(workdir, "ck-run_stream"))
+        .trigger(availableNow=True)
+        .start()
     )
     query.awaitTermination()
     return Run([pdf for _, pdf in sorted(out, key=lambda t: t[0])])

@@ -532,12 +532,14 @@ class StreamRunner:
     def with_batches_without_data(self, stream: Any, watermarked: Any) -> Any:
         """``stream`` (the query's plan) with a branch that makes Spark run batches without data as for this operator.
 
-        The branch is Spark's own ``applyInPandasWithState`` with the operator's
-        :attr:`no_data_timeout` over no rows (``watermarked`` filtered by a false
-        literal, which Spark's optimizer turns into an empty relation: nothing is
-        read twice): it holds no state and emits nothing, but Spark asks it after
-        every batch whether another is due, and answers exactly as for the
-        user's own stateful operator. Each batch without data then reaches the
+        The branch is a stateful operator of Spark's own over no rows (``watermarked``
+        filtered by a false literal, which Spark's optimizer turns into an empty
+        relation: nothing is read twice) that asks for batches without data by the
+        same rule as the user's operator: for event time a global streaming count
+        (Spark runs one when the watermark moved; one state store partition, in the
+        JVM), for processing time an ``applyInPandasWithState`` with
+        ``ProcessingTimeTimeout`` (one at every trigger). It holds no state and emits
+        nothing; its cost is its state store's commit in every batch. Each batch without data then reaches the
         runner as a batch of its own id, which commits its version like any other
         (exactly-once as for every batch).
         """
@@ -547,14 +549,18 @@ class StreamRunner:
         from pyspark.sql import functions as F
 
         if timeout == GroupStateTimeout.EventTimeTimeout:
+            # Spark SQL's own streaming aggregation grouped by the watermarked column asks for a batch without
+            # data exactly when the watermark moved, as an event-time timeout does, and runs in the JVM alone.
             column = self.event_time if self.watermarked_by_stream else WATERMARK_COLUMN
             assert column is not None
-            branch = watermarked.where(F.lit(False)).select(F.col(quoted(column)))
-            by = column
+            counted = watermarked.where(F.lit(False)).select(F.col(quoted(column))).groupBy().count()
+            counted = counted.where(F.col("count") < 0)  # none: a global count of no rows is one row of 0
+            marker = counted.select(*(F.lit(None).cast(f.dataType).alias(f.name) for f in stream.schema.fields))
         else:
             branch = watermarked.where(F.lit(False)).select(F.lit(0).alias(MARKER_COLUMN))
-            by = MARKER_COLUMN
-        marker = branch.groupBy(by).applyInPandasWithState(_task.no_data_marker, stream.schema, "unused int", "Update", timeout)
+            marker = branch.groupBy(MARKER_COLUMN).applyInPandasWithState(
+                _task.no_data_marker, stream.schema, "unused int", "Update", timeout
+            )
         return stream.union(marker)
 
     def hosted_stream(self, df: Any, host_keys: Sequence[int], no_data_timeout: Optional[str] = None) -> Any:

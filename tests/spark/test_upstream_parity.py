@@ -26,11 +26,12 @@ Run ``python -m tests.spark.test_upstream_parity`` for the comparison table.
 from __future__ import annotations
 
 import datetime as dt
+import contextlib
 import glob
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 import pandas as pd
@@ -438,6 +439,56 @@ def _fn(scenario: Scenario, workdir: str, runner: str) -> Callable:
     return scenario.make_fn(os.path.join(workdir, f"failed-once-{runner}"))
 
 
+def _local_runner(scenario: Scenario, fn: Callable, clock: list[int]) -> LocalRunner:
+    """The scenario's LocalRunner, its clock read from ``clock[0]``."""
+    return LocalRunner(
+        fn,
+        key=scenario.key,
+        timeout=scenario.timeout,
+        event_time=scenario.watermark[0] if scenario.watermark else None,
+        watermark_delay_ms=scenario.watermark[1] if scenario.watermark else 0,
+        clock=lambda: clock[0],
+        key_types=None,
+        state_schema=scenario.state_schema,
+    )
+
+
+@contextlib.contextmanager
+def _scenario_conf(spark: Any, scenario: Scenario) -> Iterator[None]:
+    """The scenario's Spark confs while the block runs, the session's own restored after it."""
+    previous = {k: spark.conf.get(k, None) for k in scenario.conf}
+    for k, v in scenario.conf.items():
+        spark.conf.set(k, v)
+    try:
+        yield
+    finally:
+        for k, v in previous.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)
+
+
+def _passthrough(fn: Callable) -> Callable:
+    """The decorated function, run by Spark's own applyInPandasWithState."""
+    return buffering.mini_batch()(buffering.cached_state(max_entries=4)(fn))
+
+
+def _writer(df: Any, scenario: Scenario, runner: str, fn: Callable, sink: Callable, workdir: str,
+            placement: Optional[str] = None) -> Any:
+    """The runner's writeStream (before its trigger): Spark's own operator ("spark", "passthrough"), or
+    opbuffer's in Spark's call shape with the same chain ("run_stream"; the watermark from withWatermark)."""
+    timeout = _SPARK_TIMEOUTS[scenario.timeout]
+    grouped = df.groupBy(*scenario.key)
+    if runner in ("spark", "passthrough"):
+        out = grouped.applyInPandasWithState(fn, scenario.output_schema, scenario.state_schema, "Update", timeout)
+    else:
+        extra = {"placement": placement} if placement is not None else {}
+        out = applyInPandasWithState(grouped, fn, scenario.output_schema, scenario.state_schema, "Update", timeout, **extra)
+    checkpoint = os.path.join(workdir, f"ck-{runner}")
+    return out.writeStream.outputMode("update").foreachBatch(sink).option("checkpointLocation", checkpoint)
+
+
 def run_scenario(
     spark: Any, scenario: Scenario, runner: str, workdir: str, per_file: bool = False, placement: Optional[str] = None
 ) -> list[pd.DataFrame]:
@@ -454,16 +505,7 @@ def run_scenario(
     fn = _fn(scenario, workdir, runner)
     if runner == "local":
         clock = [0]
-        runner_ = LocalRunner(
-            fn,
-            key=scenario.key,
-            timeout=scenario.timeout,
-            event_time=scenario.watermark[0] if scenario.watermark else None,
-            watermark_delay_ms=scenario.watermark[1] if scenario.watermark else 0,
-            clock=lambda: clock[0],
-            key_types=None,
-            state_schema=scenario.state_schema,
-        )
+        runner_ = _local_runner(scenario, fn, clock)
         outputs = []
         for path in sorted(glob.glob(os.path.join(directory, "*.parquet"))):
             frame = _pandas_frame(scenario, pd.read_parquet(path))
@@ -477,13 +519,10 @@ def run_scenario(
         runner_.close()
         return outputs
     out: list = []
-    previous = {k: spark.conf.get(k, None) for k in scenario.conf}
-    for k, v in scenario.conf.items():
-        spark.conf.set(k, v)
-    try:
+    with _scenario_conf(spark, scenario):
         df = _spark_frame(spark, scenario, directory)
         if runner in ("spark", "passthrough"):
-            f = fn if runner == "spark" else buffering.mini_batch()(buffering.cached_state(max_entries=4)(fn))
+            f = _passthrough(fn) if runner == "passthrough" else fn
             collect = collect_sink(out)
 
             def sink(batch_df, batch_id: int) -> None:
@@ -492,13 +531,7 @@ def run_scenario(
                 if scenario.timeout != "processing" or batch_id < len(scenario.batches):
                     collect(batch_df, batch_id)
 
-            writer = (
-                df.groupBy(*scenario.key)
-                .applyInPandasWithState(f, scenario.output_schema, scenario.state_schema, "Update", _SPARK_TIMEOUTS[scenario.timeout])
-                .writeStream.outputMode("update")
-                .foreachBatch(sink)
-                .option("checkpointLocation", os.path.join(workdir, f"ck-{runner}"))
-            )
+            writer = _writer(df, scenario, runner, f, sink, workdir)
             if scenario.timeout == "processing":
                 # With a processing-time timeout Spark runs batches without data forever (also under
                 # availableNow, and processAllAvailable never returns): stop once every file is processed and keep the data batches (ids
@@ -511,24 +544,8 @@ def run_scenario(
                 return [pdf for b, pdf in sorted(out, key=lambda t: t[0]) if b < len(scenario.batches)]
             query = writer.trigger(availableNow=True).start()
         else:  # Spark's call shape (the watermark from the stream's withWatermark), its writeStream chain
-            query = (
-                applyInPandasWithState(
-                    df.groupBy(*scenario.key), fn, scenario.output_schema, scenario.state_schema, "Update",
-                    _SPARK_TIMEOUTS[scenario.timeout],
-                )
-                .writeStream.outputMode("update")
-                .foreachBatch(collect_sink(out))
-                .option("checkpointLocation", os.path.join(workdir, "ck-run_stream"))
-                .trigger(availableNow=True)
-                .start()
-            )
+            query = _writer(df, scenario, runner, fn, collect_sink(out), workdir).trigger(availableNow=True).start()
         query.awaitTermination()
-    finally:
-        for k, v in previous.items():
-            if v is None:
-                spark.conf.unset(k)
-            else:
-                spark.conf.set(k, v)
     return [pdf for _, pdf in sorted(out, key=lambda t: t[0])]
 
 
@@ -539,16 +556,7 @@ def _run_per_file(spark: Any, scenario: Scenario, runner: str, workdir: str, pla
     fn = _fn(scenario, workdir, runner)
     if runner == "local":
         clock = [0]
-        local = LocalRunner(
-            fn,
-            key=scenario.key,
-            timeout=scenario.timeout,
-            event_time=scenario.watermark[0] if scenario.watermark else None,
-            watermark_delay_ms=scenario.watermark[1] if scenario.watermark else 0,
-            clock=lambda: clock[0],
-            key_types=None,
-            state_schema=scenario.state_schema,
-        )
+        local = _local_runner(scenario, fn, clock)
         outputs = []
         for frame in scenario.batches:
             clock[0] += 1_000
@@ -560,44 +568,13 @@ def _run_per_file(spark: Any, scenario: Scenario, runner: str, workdir: str, pla
         local.close()
         return outputs
     out: list = []
-    previous = {k: spark.conf.get(k, None) for k in scenario.conf}
-    for k, v in scenario.conf.items():
-        spark.conf.set(k, v)
-    try:
+    with _scenario_conf(spark, scenario):
         for i, frame in enumerate(scenario.batches):
             write_batches(directory, [frame], first=i)
             df = _spark_frame(spark, scenario, directory)
-            if runner in ("spark", "passthrough"):
-                f = fn if runner == "spark" else buffering.mini_batch()(buffering.cached_state(max_entries=4)(fn))
-                query = (
-                    df.groupBy(*scenario.key)
-                    .applyInPandasWithState(f, scenario.output_schema, scenario.state_schema, "Update", _SPARK_TIMEOUTS[scenario.timeout])
-                    .writeStream.outputMode("update")
-                    .foreachBatch(collect_sink(out))
-                    .option("checkpointLocation", os.path.join(workdir, f"ck-{runner}"))
-                    .trigger(availableNow=True)
-                    .start()
-                )
-            else:  # Spark's own call shape, the writeStream chain as for Spark
-                extra = {"placement": placement} if placement is not None else {}
-                query = (
-                    applyInPandasWithState(
-                        df.groupBy(*scenario.key), fn, scenario.output_schema, scenario.state_schema, "Update",
-                        _SPARK_TIMEOUTS[scenario.timeout], **extra,
-                    )
-                    .writeStream.outputMode("update")
-                    .foreachBatch(collect_sink(out))
-                    .option("checkpointLocation", os.path.join(workdir, "ck-run_stream"))
-                    .trigger(availableNow=True)
-                    .start()
-                )
-            query.awaitTermination()
-    finally:
-        for k, v in previous.items():
-            if v is None:
-                spark.conf.unset(k)
-            else:
-                spark.conf.set(k, v)
+            f = _passthrough(fn) if runner == "passthrough" else fn
+            writer = _writer(df, scenario, runner, f, collect_sink(out), workdir, placement)
+            writer.trigger(availableNow=True).start().awaitTermination()
     return [pdf for _, pdf in sorted(out, key=lambda t: t[0])]
 
 
